@@ -13,6 +13,8 @@ import datetime as dt
 from types import SimpleNamespace
 from typing import Any
 
+from google.rpc import status_pb2
+
 from turnwire_client.v1 import event_pb2
 from turnwire_server.api.submission_rpcs import _watch
 from turnwire_server.engine.errors import TurnStreamNotFound
@@ -49,14 +51,14 @@ class _Engine:
         return SimpleNamespace(task=asyncio.get_running_loop().create_future(), run=None)
 
 
-def _submissions(store: _Store, engine: _Engine) -> Submissions:
+def _submissions(store: _Store, engine: _Engine, error_status: Any = lambda *_: None) -> Submissions:
     return Submissions(
         engine,  # type: ignore[arg-type]
         store,  # type: ignore[arg-type]
         turn_request=lambda record: record.submission_id,  # type: ignore[arg-type,return-value]
         max_open=10,
         max_running=4,
-        error_status=lambda *_: None,  # type: ignore[arg-type]
+        error_status=error_status,
     )
 
 
@@ -118,3 +120,89 @@ async def _turns_of_the_loop() -> None:
     """Let every task that can run without the test run (nothing here waits on I/O)."""
     for _ in range(20):
         await asyncio.sleep(0)
+
+
+async def test_a_watch_of_a_fire_not_yet_claimed_waits_for_this_replicas_claim() -> None:
+    """CI (tool stop 50): a schedule's fire commits its submission unclaimed, then the scheduler
+    claims it; a WatchSubmission between the two, on a store one process uses, ended NOT_FOUND
+    ("is pending and not running on this server"). It now waits for the claim."""
+    engine = _Engine()
+    engine.gate.set()
+    claim_gate = asyncio.Event()
+
+    class _ClaimingStore(_Store):
+        async def claim_pending_submissions(self, *_: Any) -> list[SubmissionRecord]:
+            await claim_gate.wait()
+            return [RECORD]
+
+    submissions = _submissions(_ClaimingStore(), engine)
+    engine.handle = lambda request_id: None  # type: ignore[attr-defined]
+    end = event_pb2.TurnEvent(conversation_id="c1", request_id="s1", sequence_number=1)
+    end.turn_end.status = event_pb2.TURN_STATUS_COMPLETED
+
+    async def replay(request_id: str, after: int, **_: int) -> Any:
+        if request_id not in engine.running:
+            raise TurnStreamNotFound("no stream", request_id=request_id)
+        yield [end]
+
+    async def get_submission(_: str) -> SubmissionRecord:
+        return RECORD  # pending: stored by the fire, nobody claimed it yet
+
+    async def wait_for_events(*_: Any) -> bool:
+        return False
+
+    servicer = SimpleNamespace(
+        engine=SimpleNamespace(replay=replay, settings=engine.settings),
+        store=SimpleNamespace(get_submission=get_submission, wait_for_events=wait_for_events),
+        submissions=submissions,
+    )
+    watched = asyncio.ensure_future(_collect(_watch(servicer, RECORD, 0, 1, 0)))
+    claimed = asyncio.ensure_future(submissions.claim())  # waits at the store's claim
+    await _turns_of_the_loop()
+    assert not watched.done()  # before the fix: NOT_FOUND at once
+    claim_gate.set()
+    assert [e.sequence_number for e in await asyncio.wait_for(watched, 5)] == [1]
+    assert await claimed == 1
+    assert submissions._watched == {}  # nothing left behind by the watch
+
+
+async def test_a_watch_of_a_pending_submission_ends_with_its_cancel() -> None:
+    engine = _Engine()
+    store = _Store()
+    cancelled = dataclasses.replace(RECORD, state="aborted")
+    states = [RECORD]
+
+    async def get_submission(_: str) -> SubmissionRecord:
+        return states[-1]
+
+    async def end_submission(*_: Any, **__: Any) -> SubmissionRecord:
+        states.append(cancelled)
+        return cancelled
+
+    async def cancel_anywhere(_: str) -> None:
+        return None
+
+    store.get_submission = get_submission  # type: ignore[attr-defined]
+    store.end_submission = end_submission  # type: ignore[attr-defined]
+    engine.cancel_anywhere = cancel_anywhere  # type: ignore[attr-defined]
+    engine.handle = lambda request_id: None  # type: ignore[attr-defined]
+    submissions = _submissions(store, engine, error_status=lambda *_: status_pb2.Status(code=9))
+
+    async def replay(request_id: str, after: int, **_: int) -> Any:
+        raise TurnStreamNotFound("no stream", request_id=request_id)
+        yield []
+
+    async def wait_for_events(*_: Any) -> bool:
+        return False
+
+    servicer = SimpleNamespace(
+        engine=SimpleNamespace(replay=replay, settings=engine.settings),  # lease 5 s: the wake is sooner
+        store=SimpleNamespace(get_submission=get_submission, wait_for_events=wait_for_events),
+        submissions=submissions,
+    )
+    watched = asyncio.ensure_future(_collect(_watch(servicer, RECORD, 0, 1, 0)))
+    await _turns_of_the_loop()
+    assert not watched.done()
+    await submissions.cancel("s1")
+    events = await asyncio.wait_for(watched, 2)
+    assert [e.turn_end.status for e in events] == [event_pb2.TURN_STATUS_ABORTED]

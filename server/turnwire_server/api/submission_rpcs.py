@@ -369,7 +369,13 @@ async def _watch(
         follow = servicer.engine.settings.durability.lease_seconds
         if await servicer.submissions.started_here(record.submission_id, follow):
             continue
-        if not await servicer.store.wait_for_events(record.submission_id, after, follow):
+        if await servicer.store.wait_for_events(record.submission_id, after, follow):
+            continue
+        # One process per store: no other replica runs it. A pending one waits for this
+        # replica's claim (a free slot; the scheduler's claim after a fire's commit), however long.
+        if current.state == "pending":
+            await servicer.submissions.moved_here(record.submission_id, follow)
+        else:
             raise TurnStreamNotFound(
                 f"submission {record.submission_id!r} is {current.state} and not running on this server",
                 request_id=record.submission_id,

@@ -45,6 +45,14 @@ _OPEN = ("pending", "running")
 _CLAIM_BATCH = 500
 
 
+@dataclasses.dataclass
+class _Watched:
+    """The watches waiting for one submission to move (``Submissions.moved_here``)."""
+
+    moved: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    waiters: int = 0
+
+
 class Submissions:
     """Accepts, starts, cancels and restarts submissions.
 
@@ -82,6 +90,9 @@ class Submissions:
         # Submissions this replica took to run whose turn is not registered in the engine yet
         # (stored, or claimed, and engine.start not returned): set once it is, or failed.
         self._starting: dict[str, asyncio.Event] = {}
+        # Watches of a pending submission on a store one process uses (no other replica can run
+        # it): set when this replica takes it to start or ends it (``_moved``).
+        self._watched: dict[str, _Watched] = {}
 
     async def submit(
         self,
@@ -115,7 +126,7 @@ class Submissions:
             )
         else:
             submission = dataclasses.replace(submission, owner="", lease_until=None)
-        starting = self._starting.setdefault(submission.submission_id, asyncio.Event()) if mine else None
+        starting = self._take(submission.submission_id) if mine else None
         try:
             try:
                 record, created = await self._store.create_submission(submission, max_open=self._max_open)
@@ -134,6 +145,17 @@ class Submissions:
                 self._started(submission.submission_id, starting)
         return record, created
 
+    def _take(self, submission_id: str) -> asyncio.Event:
+        """Mark ``submission_id`` as being started here (``started_here`` waits on it)."""
+        starting = self._starting.setdefault(submission_id, asyncio.Event())
+        self._moved(submission_id)
+        return starting
+
+    def _moved(self, submission_id: str) -> None:
+        """Wake the watches waiting for ``submission_id`` in ``moved_here``."""
+        if (watched := self._watched.pop(submission_id, None)) is not None:
+            watched.moved.set()
+
     def _started(self, submission_id: str, starting: asyncio.Event) -> None:
         starting.set()
         if self._starting.get(submission_id) is starting:
@@ -151,6 +173,26 @@ class Submissions:
             async with asyncio.timeout(timeout_seconds):
                 await starting.wait()
         return True
+
+    async def moved_here(self, submission_id: str, timeout_seconds: float) -> None:
+        """Wait (at most ``timeout_seconds``) until this replica takes ``submission_id`` to start
+        (a claim: a free slot, a schedule's fire) or ends it (cancelled, expired, refused).
+
+        For a watch of a pending submission on a store one process uses: no other replica can
+        run it, so its watch waits here, however long it waits for a slot (docs/semantics.md §7).
+        """
+        if submission_id in self._starting or self._engine.handle(submission_id) is not None:
+            return  # taken between the watch's look at the store and now
+        watched = self._watched.setdefault(submission_id, _Watched())
+        watched.waiters += 1
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout_seconds):
+                    await watched.moved.wait()
+        finally:
+            watched.waiters -= 1
+            if not watched.waiters and self._watched.get(submission_id) is watched:
+                del self._watched[submission_id]  # bounded by the watches waiting now
 
     def _free_slot(self) -> None:
         self._slots -= 1
@@ -198,6 +240,7 @@ class Submissions:
             await self._store.end_submission(record.submission_id, state, error, only_from=("pending",))
         except Exception as failure:
             log.error("submission %s: recording its end failed: %s", record.submission_id, failure)
+        self._moved(record.submission_id)
 
     async def cancel(self, submission_id: str) -> SubmissionRecord:
         """Cancel a pending or running submission (it ends ``aborted``; a late completion never
@@ -213,6 +256,7 @@ class Submissions:
             why = InputNotStored("its submission was cancelled before it ran")
             error = self._error_status(why, "persist").SerializeToString()
         updated = await self._store.end_submission(submission_id, "aborted", error, only_from=_OPEN)
+        self._moved(submission_id)
         await self._engine.cancel_anywhere(submission_id)  # it may run or wait on another replica
         if updated is None:
             raise SubmissionNotFound(submission_id)
@@ -230,6 +274,7 @@ class Submissions:
         while ids := await self._store.expire_submissions(cutoff, batch, error):
             for submission_id in ids:
                 self._engine.cancel(submission_id)
+                self._moved(submission_id)
             expired += len(ids)
             if len(ids) < batch:
                 break
@@ -255,10 +300,7 @@ class Submissions:
                     )
                 finally:
                     self._slots -= free
-                starting = {
-                    r.submission_id: self._starting.setdefault(r.submission_id, asyncio.Event())
-                    for r in claimed
-                }
+                starting = {r.submission_id: self._take(r.submission_id) for r in claimed}
                 try:
                     for record in claimed:
                         if self._engine.handle(record.submission_id) is None:
