@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -208,6 +209,21 @@ async def test_a_claim_whose_answer_was_lost_is_recovered_by_the_next_tick(
     replica = Replica(h.engine, resume=True)
     assert await replica.tick() == 1, "given up and claimed again in one tick"
     await _wait_answered(h, "r-lost-claim")
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning", "error::pytest.PytestUnraisableExceptionWarning")
+async def test_a_stop_right_after_a_claim_leaves_no_recovery_unawaited(make_engine: EngineFactory) -> None:
+    """``Replica.stop`` just after a tick took turns over, before their recovery's task ran:
+    the recovery is closed, not left an unawaited coroutine (before: a RuntimeWarning at
+    shutdown, its stranded turn left for the next claim all the same)."""
+    h = await make_engine(scripts={"main": [ScriptStep(text="the answer")]})
+    await _a_stranded_turn_claimed(h, "r-stopped")  # claimed; given up and claimed again below
+    replica = Replica(h.engine, resume=True)
+    assert await replica.tick() == 1
+    await replica.stop()  # the recovery's task has not run yet
+    gc.collect()  # an unawaited coroutine warns when collected: an error here (the marks)
+    assert h.engine.handle("r-stopped") is None  # it never started here
+    assert [t.request_id for t in await h.store.running_turns()] == ["r-stopped"]
 
 
 async def test_a_recovery_that_fails_to_start_is_recovered_by_the_next_tick(

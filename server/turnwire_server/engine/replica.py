@@ -27,10 +27,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import logging
 import time
-from collections.abc import Coroutine
-from typing import Any
 
 from turnwire_server.engine.engine import TurnEngine
 from turnwire_server.engine.submissions import Submissions
@@ -117,17 +116,19 @@ class Replica:
         if claimed:
             log.warning("took over %d turn(s) whose replica stopped renewing its leases", len(claimed))
             recovering = engine.recover_turns(claimed, resume=self._resume)  # marked at once
-            task = asyncio.create_task(self._recover(recovering, len(claimed)), name="turn recoveries")
+            # The coroutine itself on the task: cancelled (by stop) before it ran, it is closed,
+            # never left unawaited.
+            task = asyncio.create_task(recovering, name="turn recoveries")
             self._recoveries.add(task)
-            task.add_done_callback(self._recoveries.discard)
+            task.add_done_callback(functools.partial(self._recovered, count=len(claimed)))
         if self._submissions is not None and (started := await self._submissions.claim()):
             log.info("claimed %d pending submission(s) no replica ran", started)
         return len(claimed)
 
-    async def _recover(self, recovering: Coroutine[Any, Any, None], count: int) -> None:
-        try:
-            await recovering
-        except Exception as error:  # a store failure: the next renewal gives their leases up
+    def _recovered(self, task: asyncio.Task[None], *, count: int) -> None:
+        self._recoveries.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            # A store failure: the next renewal gives their leases up.
             log.error("recovering %d turn(s) taken over failed: %s", count, error)
 
     async def _run(self) -> None:
