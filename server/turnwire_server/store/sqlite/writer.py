@@ -121,6 +121,14 @@ class SqliteWriter:
             # A commit survives a process crash; an OS crash may lose the last ones.
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA foreign_keys=ON")
+            # Each write runs under a savepoint, so SQLite keeps the original of every page the
+            # transaction changes in a statement journal; past 64 KiB that journal spills to a
+            # temporary file, and every page touched after costs a write(2) (a turn's admission
+            # with a budget: ~120 µs). In memory it holds the pages one write changes (released
+            # with its savepoint): a turn's writes tens of KiB; a conversation's deletion, its
+            # stored size, no more than a turn on it reads (bench/budget_cost.md, "The statement
+            # journal in memory").
+            conn.execute("PRAGMA temp_store=MEMORY")
             conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             apply_migrations(conn, migrations, self._path, self._now_us)
         except BaseException:
