@@ -68,6 +68,7 @@ check: lint
 # The four suites run side by side (each mostly waits for the processes it started); each one's
 # output is printed whole when it ends (--output-sync), and any failure fails the target.
 test: setup build-node
+	@echo "make test: pytest, Node.js, Go and the conformance suite side by side; each prints its output when it ends (pytest's last, after several minutes)"
 	$(MAKE) --no-print-directory -j4 --output-sync=target test-python test-node test-go conformance
 
 ## test-python: every pytest test, on TEST_WORKERS workers (PostgreSQL brought up when none listens).
