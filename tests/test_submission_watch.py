@@ -206,3 +206,49 @@ async def test_a_watch_of_a_pending_submission_ends_with_its_cancel() -> None:
     await submissions.cancel("s1")
     events = await asyncio.wait_for(watched, 2)
     assert [e.turn_end.status for e in events] == [event_pb2.TURN_STATUS_ABORTED]
+
+
+async def test_a_watch_that_finds_the_submission_ended_looks_for_its_stream_once_more() -> None:
+    """CI (this stop, the Go runner's schedule-fires): the watch found no stream and no turn,
+    then read the submission ``completed``: its turn had started and ended between the two reads.
+    The watch answered with a TurnEnd made from the record alone; it now reads the stored stream,
+    which a turn that ran stores with its end."""
+    ran: list[bool] = []
+    start = event_pb2.TurnEvent(conversation_id="c1", request_id="s1", sequence_number=1)
+    start.turn_start.SetInParent()
+    end = event_pb2.TurnEvent(conversation_id="c1", request_id="s1", sequence_number=2)
+    end.turn_end.status = event_pb2.TURN_STATUS_COMPLETED
+
+    async def replay(request_id: str, after: int, **_: int) -> Any:
+        if not ran:
+            ran.append(True)  # the turn runs and ends right after this look
+            raise TurnStreamNotFound("no stream", request_id=request_id)
+        yield [start, end]
+
+    async def get_submission(_: str) -> SubmissionRecord:
+        return dataclasses.replace(RECORD, state="completed")
+
+    servicer = SimpleNamespace(
+        engine=SimpleNamespace(replay=replay, settings=_Engine().settings),
+        store=SimpleNamespace(get_submission=get_submission),
+        submissions=None,
+    )
+    events = await asyncio.wait_for(_collect(_watch(servicer, RECORD, 0, 1, 0)), 5)
+    assert [e.WhichOneof("event") for e in events] == ["turn_start", "turn_end"]
+
+
+async def test_a_submission_that_ended_without_running_gets_a_turn_end_from_its_record() -> None:
+    async def replay(request_id: str, after: int, **_: int) -> Any:
+        raise TurnStreamNotFound("no stream", request_id=request_id)
+        yield []
+
+    async def get_submission(_: str) -> SubmissionRecord:
+        return dataclasses.replace(RECORD, state="aborted")
+
+    servicer = SimpleNamespace(
+        engine=SimpleNamespace(replay=replay, settings=_Engine().settings),
+        store=SimpleNamespace(get_submission=get_submission),
+        submissions=None,
+    )
+    events = await asyncio.wait_for(_collect(_watch(servicer, RECORD, 0, 1, 0)), 5)
+    assert [e.turn_end.status for e in events] == [event_pb2.TURN_STATUS_ABORTED]

@@ -265,6 +265,37 @@ async def test_an_ended_turn_whose_stream_lacks_its_turn_end_resumes_with_one_fr
             pass
 
 
+async def test_a_turn_that_started_and_ended_between_the_readers_looks_is_replayed(
+    make_engine: EngineFactory,
+) -> None:
+    """The reader found no stream, then the turn recorded ended: it ran between the two reads
+    (another replica's turn, a submission's). It is replayed from its stored stream, not NOT_FOUND
+    as a turn that never started."""
+    h = await make_engine(scripts={"main": [ScriptStep(text="the answer")]})
+    events = await collect(await h.start("question", request_id="r-between"))
+    assert kinds(events)[-1] == "turn_end"
+    await wait_until(
+        lambda: h.engine.handle("r-between") is None, timeout=10, what="the turn left the engine"
+    )
+    get_stream = h.store.get_stream
+    looks: list[str] = []
+
+    async def missed_once(request_id: str) -> Any:
+        looks.append(request_id)
+        return None if len(looks) == 1 else await get_stream(request_id)
+
+    h.store.get_stream = missed_once  # type: ignore[method-assign]
+    replayed = [
+        event
+        async for batch in replay(
+            "r-between", 0, store=h.store, subscribe=lambda _: None, retention_seconds=0, follow_seconds=0.05
+        )
+        for event in batch
+    ]
+    assert kinds(replayed) == kinds(events)
+    assert len(looks) == 2
+
+
 async def test_a_rolled_back_turn_stores_its_turn_end_with_the_rollback(make_engine: EngineFactory) -> None:
     h = await make_engine(
         scripts={

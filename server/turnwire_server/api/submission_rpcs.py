@@ -349,6 +349,7 @@ async def _watch(
     """The turn's stream in lists of events ready at once (``TurnEngine.replay``); for a
     submission that ended without running (cancelled while pending, refused when it started) a
     single TurnEnd made from its record."""
+    ended = False  # the record said it ended, after a look that found no stream
     while True:
         try:
             replay = servicer.engine.replay(
@@ -361,9 +362,15 @@ async def _watch(
         except TurnStreamNotFound as missing:
             if missing.expired:
                 raise
+            if ended:
+                break  # ended without running: no stream
         current = await servicer.store.get_submission(record.submission_id) or record
         if current.state not in ("pending", "running"):
-            break
+            # A turn that ran stored its stream with its end: look once more, since the turn
+            # may have started and ended between that look and this read (CI: a scheduled
+            # fire's watch got a TurnEnd alone).
+            ended = True
+            continue
         # Being started here (stored or claimed, not yet known to the engine): look again once it
         # is. Else waiting on another replica (or for a takeover): follow it until its turn starts.
         follow = servicer.engine.settings.durability.lease_seconds

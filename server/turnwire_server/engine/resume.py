@@ -170,6 +170,11 @@ async def _stream(request_id: str, store: ReplayStore, retention_seconds: float)
         turn = await store.get_turn(request_id)
         if turn is not None and turn.state == "running":
             return None
+        if turn is not None:
+            # Started and ended between the two reads (another replica's, a submission's): a
+            # turn that ran stores its stream before or with its end, so it is there now.
+            stream = await store.get_stream(request_id)
+    if stream is None:
         raise TurnStreamNotFound(
             f"no turn with request_id {request_id!r} has a stream to resume: it never started "
             "(its input was not stored), its conversation was deleted, or the id is wrong",
