@@ -85,26 +85,8 @@ async def test_a_watch_in_the_window_follows_the_turn_once_it_started() -> None:
     store.gate.set()
     submitted = asyncio.ensure_future(submissions.submit(RECORD))
     await _turns_of_the_loop()
-    end = event_pb2.TurnEvent(conversation_id="c1", request_id="s1", sequence_number=1)
-    end.turn_end.status = event_pb2.TURN_STATUS_COMPLETED
-
-    async def replay(request_id: str, after: int, **_: int) -> Any:
-        if request_id not in engine.running:  # not known here yet, no stream stored
-            raise TurnStreamNotFound("no stream", request_id=request_id)
-        yield [end]
-
-    async def get_submission(_: str) -> SubmissionRecord:
-        return dataclasses.replace(RECORD, state="running")
-
-    async def wait_for_events(*_: Any) -> bool:
-        return False  # one process per store: nobody else writes
-
-    servicer = SimpleNamespace(
-        engine=SimpleNamespace(replay=replay, settings=engine.settings),
-        store=SimpleNamespace(get_submission=get_submission, wait_for_events=wait_for_events),
-        submissions=submissions,
-    )
-    watched = asyncio.ensure_future(_collect(_watch(servicer, RECORD, 0, 1, 0)))
+    running = dataclasses.replace(RECORD, state="running")
+    watched = _watching(_once_started(engine, [_completed(1)]), running, engine, submissions)
     await _turns_of_the_loop()
     assert not watched.done()  # before the fix: NOT_FOUND at once
     engine.gate.set()
@@ -114,6 +96,49 @@ async def test_a_watch_in_the_window_follows_the_turn_once_it_started() -> None:
 
 async def _collect(batches: Any) -> list[event_pb2.TurnEvent]:
     return [event async for batch in batches for event in batch]
+
+
+def _completed(sequence_number: int) -> event_pb2.TurnEvent:
+    end = event_pb2.TurnEvent(conversation_id="c1", request_id="s1", sequence_number=sequence_number)
+    end.turn_end.status = event_pb2.TURN_STATUS_COMPLETED
+    return end
+
+
+def _once_started(engine: _Engine, events: list[event_pb2.TurnEvent]) -> Any:
+    """``TurnEngine.replay``: ``events`` once ``engine`` started the turn, before that no stream."""
+
+    async def replay(request_id: str, after: int, **_: int) -> Any:
+        if request_id not in engine.running:  # not known here yet, no stream stored
+            raise TurnStreamNotFound("no stream", request_id=request_id)
+        yield events
+
+    return replay
+
+
+async def _no_stream(request_id: str, after: int, **_: int) -> Any:
+    raise TurnStreamNotFound("no stream", request_id=request_id)
+    yield []
+
+
+def _watching(
+    replay: Any, record: Any, engine: _Engine, submissions: Submissions | None = None
+) -> asyncio.Future[list[event_pb2.TurnEvent]]:
+    """The API's ``_watch`` of ``RECORD``, collected on a task: the engine's ``replay``, the
+    store's submission ``record`` (a record, or a function giving the current one), one process
+    per store (``wait_for_events`` follows nobody)."""
+
+    async def get_submission(_: str) -> SubmissionRecord:
+        return record() if callable(record) else record
+
+    async def wait_for_events(*_: Any) -> bool:
+        return False  # one process per store: nobody else writes
+
+    servicer = SimpleNamespace(
+        engine=SimpleNamespace(replay=replay, settings=engine.settings),
+        store=SimpleNamespace(get_submission=get_submission, wait_for_events=wait_for_events),
+        submissions=submissions,
+    )
+    return asyncio.ensure_future(_collect(_watch(servicer, RECORD, 0, 1, 0)))
 
 
 async def _turns_of_the_loop() -> None:
@@ -137,26 +162,8 @@ async def test_a_watch_of_a_fire_not_yet_claimed_waits_for_this_replicas_claim()
 
     submissions = _submissions(_ClaimingStore(), engine)
     engine.handle = lambda request_id: None  # type: ignore[attr-defined]
-    end = event_pb2.TurnEvent(conversation_id="c1", request_id="s1", sequence_number=1)
-    end.turn_end.status = event_pb2.TURN_STATUS_COMPLETED
-
-    async def replay(request_id: str, after: int, **_: int) -> Any:
-        if request_id not in engine.running:
-            raise TurnStreamNotFound("no stream", request_id=request_id)
-        yield [end]
-
-    async def get_submission(_: str) -> SubmissionRecord:
-        return RECORD  # pending: stored by the fire, nobody claimed it yet
-
-    async def wait_for_events(*_: Any) -> bool:
-        return False
-
-    servicer = SimpleNamespace(
-        engine=SimpleNamespace(replay=replay, settings=engine.settings),
-        store=SimpleNamespace(get_submission=get_submission, wait_for_events=wait_for_events),
-        submissions=submissions,
-    )
-    watched = asyncio.ensure_future(_collect(_watch(servicer, RECORD, 0, 1, 0)))
+    # RECORD is pending: stored by the fire, nobody claimed it yet.
+    watched = _watching(_once_started(engine, [_completed(1)]), RECORD, engine, submissions)
     claimed = asyncio.ensure_future(submissions.claim())  # waits at the store's claim
     await _turns_of_the_loop()
     assert not watched.done()  # before the fix: NOT_FOUND at once
@@ -187,20 +194,7 @@ async def test_a_watch_of_a_pending_submission_ends_with_its_cancel() -> None:
     engine.cancel_anywhere = cancel_anywhere  # type: ignore[attr-defined]
     engine.handle = lambda request_id: None  # type: ignore[attr-defined]
     submissions = _submissions(store, engine, error_status=lambda *_: status_pb2.Status(code=9))
-
-    async def replay(request_id: str, after: int, **_: int) -> Any:
-        raise TurnStreamNotFound("no stream", request_id=request_id)
-        yield []
-
-    async def wait_for_events(*_: Any) -> bool:
-        return False
-
-    servicer = SimpleNamespace(
-        engine=SimpleNamespace(replay=replay, settings=engine.settings),  # lease 5 s: the wake is sooner
-        store=SimpleNamespace(get_submission=get_submission, wait_for_events=wait_for_events),
-        submissions=submissions,
-    )
-    watched = asyncio.ensure_future(_collect(_watch(servicer, RECORD, 0, 1, 0)))
+    watched = _watching(_no_stream, lambda: states[-1], engine, submissions)  # lease 5 s: the wake is sooner
     await _turns_of_the_loop()
     assert not watched.done()
     await submissions.cancel("s1")
@@ -216,39 +210,19 @@ async def test_a_watch_that_finds_the_submission_ended_looks_for_its_stream_once
     ran: list[bool] = []
     start = event_pb2.TurnEvent(conversation_id="c1", request_id="s1", sequence_number=1)
     start.turn_start.SetInParent()
-    end = event_pb2.TurnEvent(conversation_id="c1", request_id="s1", sequence_number=2)
-    end.turn_end.status = event_pb2.TURN_STATUS_COMPLETED
 
     async def replay(request_id: str, after: int, **_: int) -> Any:
         if not ran:
             ran.append(True)  # the turn runs and ends right after this look
             raise TurnStreamNotFound("no stream", request_id=request_id)
-        yield [start, end]
+        yield [start, _completed(2)]
 
-    async def get_submission(_: str) -> SubmissionRecord:
-        return dataclasses.replace(RECORD, state="completed")
-
-    servicer = SimpleNamespace(
-        engine=SimpleNamespace(replay=replay, settings=_Engine().settings),
-        store=SimpleNamespace(get_submission=get_submission),
-        submissions=None,
-    )
-    events = await asyncio.wait_for(_collect(_watch(servicer, RECORD, 0, 1, 0)), 5)
+    completed = dataclasses.replace(RECORD, state="completed")
+    events = await asyncio.wait_for(_watching(replay, completed, _Engine()), 5)
     assert [e.WhichOneof("event") for e in events] == ["turn_start", "turn_end"]
 
 
 async def test_a_submission_that_ended_without_running_gets_a_turn_end_from_its_record() -> None:
-    async def replay(request_id: str, after: int, **_: int) -> Any:
-        raise TurnStreamNotFound("no stream", request_id=request_id)
-        yield []
-
-    async def get_submission(_: str) -> SubmissionRecord:
-        return dataclasses.replace(RECORD, state="aborted")
-
-    servicer = SimpleNamespace(
-        engine=SimpleNamespace(replay=replay, settings=_Engine().settings),
-        store=SimpleNamespace(get_submission=get_submission),
-        submissions=None,
-    )
-    events = await asyncio.wait_for(_collect(_watch(servicer, RECORD, 0, 1, 0)), 5)
+    aborted = dataclasses.replace(RECORD, state="aborted")
+    events = await asyncio.wait_for(_watching(_no_stream, aborted, _Engine()), 5)
     assert [e.turn_end.status for e in events] == [event_pb2.TURN_STATUS_ABORTED]

@@ -215,6 +215,18 @@ async def started_turn(
     return record
 
 
+async def _replayed(h: Harness, request_id: str) -> list[event_pb2.TurnEvent]:
+    """Every event :func:`replay` gives of ``request_id`` from the start, the turn not running
+    here (its stored stream, or a TurnEnd from its record), each wait on the store 50 ms."""
+    return [
+        event
+        async for batch in replay(
+            request_id, 0, store=h.store, subscribe=lambda _: None, retention_seconds=0, follow_seconds=0.05
+        )
+        for event in batch
+    ]
+
+
 async def test_an_ended_turn_whose_stream_lacks_its_turn_end_resumes_with_one_from_its_record(
     make_engine: EngineFactory,
 ) -> None:
@@ -227,13 +239,7 @@ async def test_an_ended_turn_whose_stream_lacks_its_turn_end_resumes_with_one_fr
     ended = dataclasses.replace(record, state="completed", end_time=dt.datetime.now(dt.UTC))
     await h.store.finish_turn(ended, reply)
 
-    events = [
-        event
-        async for batch in replay(
-            "r-old", 0, store=h.store, subscribe=lambda _: None, retention_seconds=0, follow_seconds=0.05
-        )
-        for event in batch
-    ]
+    events = await _replayed(h, "r-old")
     assert kinds(events) == ["turn_start", "turn_end"]
     end = events[-1]
     assert end.sequence_number == 2
@@ -246,13 +252,7 @@ async def test_an_ended_turn_whose_stream_lacks_its_turn_end_resumes_with_one_fr
         return True
 
     h.store.wait_for_events = follows  # type: ignore[method-assign]
-    followed = [
-        event
-        async for batch in replay(
-            "r-old", 0, store=h.store, subscribe=lambda _: None, retention_seconds=0, follow_seconds=0.05
-        )
-        for event in batch
-    ]
+    followed = await _replayed(h, "r-old")
     assert followed == events
     del h.store.wait_for_events
 
@@ -285,13 +285,7 @@ async def test_a_turn_that_started_and_ended_between_the_readers_looks_is_replay
         return None if len(looks) == 1 else await get_stream(request_id)
 
     h.store.get_stream = missed_once  # type: ignore[method-assign]
-    replayed = [
-        event
-        async for batch in replay(
-            "r-between", 0, store=h.store, subscribe=lambda _: None, retention_seconds=0, follow_seconds=0.05
-        )
-        for event in batch
-    ]
+    replayed = await _replayed(h, "r-between")
     assert kinds(replayed) == kinds(events)
     assert len(looks) == 2
 
