@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -121,14 +122,17 @@ async def _no_stream(request_id: str, after: int, **_: int) -> Any:
 
 
 def _watching(
-    replay: Any, record: Any, engine: _Engine, submissions: Submissions | None = None
+    replay: Any,
+    record: SubmissionRecord | Callable[[], SubmissionRecord],
+    engine: _Engine,
+    submissions: Submissions | None = None,
 ) -> asyncio.Future[list[event_pb2.TurnEvent]]:
     """The API's ``_watch`` of ``RECORD``, collected on a task: the engine's ``replay``, the
     store's submission ``record`` (a record, or a function giving the current one), one process
     per store (``wait_for_events`` follows nobody)."""
 
     async def get_submission(_: str) -> SubmissionRecord:
-        return record() if callable(record) else record
+        return record if isinstance(record, SubmissionRecord) else record()
 
     async def wait_for_events(*_: Any) -> bool:
         return False  # one process per store: nobody else writes
