@@ -21,7 +21,9 @@ run interleaved on the same stores:
   them, as the others still do). PostgreSQL's one-flight admission carries it since stop 49
   (before, there this arm was the folded one plus the estimate).
 
-Every arm is admitted by ``admit_turn`` (the engine's path), the turn's lock held to its end.
+Every arm is admitted by ``admit_turn`` (the engine's path), the turn's lock held to its end;
+every arm but off first runs the engine's check that refuses a new turn on a spent budget
+(``admission_refusal``: one read; before 2026-12-04's stop 51 the bench left it out).
 
 The added cost of an arm is its CPU per request minus the off arm's: this process's
 (``time.process_time``: the prompt estimate, the programs, the driver; the SQLite writer thread
@@ -34,10 +36,11 @@ to show what each budget row adds). A request PASSes when budgets add at most 0.
 
 ``--base DIR`` (another checkout, e.g. main's) adds a fifth arm, **base**: the admitted arm with
 that checkout's charge program (its ``store/core/budget_writes.py`` and ``budget_rules.py``, loaded
-under other names) in place of this one's, the admission's charge and the final write's included,
-and on PostgreSQL without the first reservation at the admission (the one flight of checkouts
-before stop 49 did not carry it: the first step charges on its own), interleaved with the others
-in the same process and stores: an A/B that a loaded machine's drift between two runs would hide.
+under other names) in place of this one's, the admission's charge and the final write's included
+(``--base-uncarried``: on PostgreSQL without the first reservation at the admission, as the one
+flight of checkouts before stop 49, which did not carry it: the first step charges on its own),
+interleaved with the others in the same process and stores: an A/B that a loaded machine's drift
+between two runs would hide.
 The rest of the request (the turn's writes, the estimate, the engine) is this checkout's.
 """
 
@@ -66,7 +69,7 @@ from turnwire.compaction import EstimateTokens
 from turnwire.providers import ModelRequest
 from turnwire.types import Cost, ModelSettings, Usage
 from turnwire_client.v1 import message_pb2
-from turnwire_server.engine.budget_admission import FirstStepEstimates, admission_charge
+from turnwire_server.engine.budget_admission import FirstStepEstimates, admission_charge, admission_refusal
 from turnwire_server.engine.budget_settings import BudgetSettings
 from turnwire_server.engine.budgets import StepBudgets
 from turnwire_server.engine.cost import PriceBook
@@ -166,6 +169,9 @@ async def _turn(
     )
     user = message_pb2.Message(id=f"{arm}-u{n}", role=message_pb2.ROLE_USER)
     user.parts.add().text.text = "q"
+    if arm != "off":  # the engine's check before a new turn is admitted (a read, no lock)
+        refused = await admission_refusal(store, budgets, turn.conversation_id, "", turn.start_time)
+        assert refused is None, refused
     first = None
     if arm == "admitted" and carried:
         asked = TurnRequest(
@@ -295,6 +301,11 @@ async def main() -> None:
     parser.add_argument("--messages", type=int, default=20, help="messages in each step's history")
     parser.add_argument("--base", type=Path, help="another checkout: its charge program as a fifth arm")
     parser.add_argument(
+        "--base-uncarried",
+        action="store_true",
+        help="the base arm's PostgreSQL admission carries no reservation (checkouts before stop 49)",
+    )
+    parser.add_argument(
         "--scopes",
         default="turn,conversation,tenant",
         help="the budgets configured, comma-separated (turn, conversation, tenant: its day)",
@@ -310,7 +321,7 @@ async def main() -> None:
     # offset, whether PostgreSQL's admission carries the first reservation
     runs: dict[str, tuple[str, Any, int, bool]] = {arm: (arm, budget_writes, 0, True) for arm in ARMS}
     if args.base:  # request ids apart from admitted's
-        runs["base"] = ("admitted", _base_charges(args.base.resolve()), 10**6, False)
+        runs["base"] = ("admitted", _base_charges(args.base.resolve()), 10**6, not args.base_uncarried)
     request = ModelRequest(
         model="model",
         system="You are a helpful assistant.",

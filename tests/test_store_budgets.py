@@ -526,3 +526,133 @@ async def test_an_admission_refused_by_its_input_rules_reserves_nothing(store: S
             pass
     assert await store.budget_spends([CONVERSATION]) == {}
     assert await store.get_turn("r2") is None
+
+
+# A turn's first charge riding its admission writes its reservation as it takes the rows, on the
+# assumption that the ask fits whole, and writes the decided states over it when it does not
+# (budget_writes._admitted). Each case: what the admission's charge stores and grants is what the
+# general charge of the same ask stores and grants, from the same states (two worlds, apart by
+# their keys, in one store).
+_ADMISSION_CASES = {
+    # case: (the neighbour's ask, the limits it charged under, the ask, the limits charged now)
+    "fits whole": (
+        _ask(100, 100, usd_in=1e-6, usd_out=2e-6),
+        (5_000, 1.0),
+        _ask(200, 300, usd_in=1e-6, usd_out=2e-6),
+        (5_000, 1.0),
+    ),
+    "clamped by tokens": (_ask(100, 600), (1_000, None), _ask(200, 300), (1_000, None)),
+    "clamped by dollars": (
+        _ask(0, 0, usd_in=0.1),
+        (None, 0.5),
+        _ask(1, 10, usd_in=0.1, usd_out=0.05),
+        (None, 0.5),
+    ),
+    "refused": (_ask(600, 400), (1_000, None), _ask(10, 10), (1_000, None)),
+    "limits changed": (_ask(100, 100), (900, None), _ask(100, 100), (5_000, None)),
+}
+
+
+def _world_budgets(world: str, tokens: int | None, usd: float | None) -> tuple[BudgetLimits, ...]:
+    """World ``world``'s budgets: its conversation's (``c<world>``) and its tenant's day."""
+    return (
+        BudgetLimits(BudgetKey("conversation", f"c{world}"), tokens, usd, f"c{world}"),
+        BudgetLimits(BudgetKey("tenant/day", world, "2026-01-02"), tokens, usd),
+    )
+
+
+@pytest.mark.parametrize("case", sorted(_ADMISSION_CASES))
+async def test_the_admissions_charge_agrees_with_the_general_charge(store: Store, case: str) -> None:
+    before, before_limits, ask, limits = _ADMISSION_CASES[case]
+    outcomes = []
+    for world in ("a", "g"):
+        conversation = f"c{world}"
+        keys = [budget.key for budget in _world_budgets(world, None, None)]
+        neighbour = await _started(store, f"n{world}", conversation)
+        await store.charge_budget(_charge(neighbour, *_world_budgets(world, *before_limits), ask=before))
+        turn = leased_turn(f"r{world}", conversation, "a", start_time=T0)
+        charge = _charge(turn, *_world_budgets(world, *limits), ask=ask)
+        if world == "a":
+            async with store.admit_turn(
+                turn,
+                _input(turn.request_id),
+                lease_seconds=30,
+                read_compaction=False,
+                queued=lambda _: None,
+                budget=charge,
+            ) as admission:
+                grant = admission.budget
+        else:
+            await store.start_turn(turn, _input(turn.request_id))
+            grant = await store.charge_budget(charge)
+        assert grant is not None
+        # A later step of the neighbour, settling and asking again: it meets the limits stored.
+        later = await store.charge_budget(
+            _charge(neighbour, *_world_budgets(world, *limits), ask=_ask(1, 50), spent=(150, 0.0))
+        )
+        outcomes.append(
+            (
+                (grant.output_tokens, grant.tokens, grant.usd, grant.refused and grant.refused.scope),
+                [grant.spends.get(key) for key in keys],
+                [(await store.budget_spends([key])).get(key) for key in keys],
+                (later.output_tokens, later.refused and later.refused.scope),
+            )
+        )
+    admitted, general = outcomes
+    assert admitted == general
+
+
+async def test_an_admission_under_a_retried_request_id_settles_what_its_earlier_attempt_reserved(
+    store: Store,
+) -> None:
+    """A request id retried after its turn failed with a reservation left (its settlement did not
+    happen): the retry's admission settles that reservation at what it reserved (as a lost
+    attempt's) and reserves its own, on the turn's lower stored limit."""
+    key = BudgetKey("turn", "r1")
+    turn = await _started(store, "r1")
+    # The request lowered its turn budget to 500; it reserves 100 + 100.
+    await store.charge_budget(
+        _charge(turn, BudgetLimits(key, tokens=500, conversation_id="c"), ask=_ask(100, 100))
+    )
+    await store.finish_turn(dataclasses.replace(turn, state="error"), None)  # nothing settled
+    retry = leased_turn("r1", "c", "b", start_time=T0)
+    charge = _charge(retry, BudgetLimits(key, tokens=5_000, conversation_id="c"), ask=_ask(100, 1_000))
+    async with store.admit_turn(
+        retry, _input("r1"), lease_seconds=30, read_compaction=False, queued=lambda _: None, budget=charge
+    ) as admission:
+        grant = admission.budget
+    assert grant is not None
+    # 500 - 200 settled - 100 of prompt: 200 output tokens, on the stored limit of 500.
+    assert (grant.output_tokens, grant.tokens, grant.refused) == (200, 300, None)
+    assert grant.spends[key] == BudgetSpend(200, 0.0, 300, 0.0)
+    assert await store.budget_spends([key]) == {key: BudgetSpend(200, 0.0, 300, 0.0)}
+    # One reservation left, the retry's: the final settlement charges it at its use.
+    settled = await store.charge_budget(
+        _charge(retry, BudgetLimits(key, tokens=5_000, conversation_id="c"), spent=(250, None))
+    )
+    assert settled.spends[key] == BudgetSpend(450, 0.0, 0, 0.0)
+
+
+async def test_an_admission_under_a_retried_request_id_keeps_the_turns_lower_stored_limit(
+    store: Store,
+) -> None:
+    # Nothing left reserved this time: only the stored limit (500, the request's own) differs
+    # from the one charged now (a recovery's, or a retry's, knows only the configured 5 000).
+    key = BudgetKey("turn", "r1")
+    turn = await _started(store, "r1")
+    await store.charge_budget(
+        _charge(turn, BudgetLimits(key, tokens=500, conversation_id="c"), ask=_ask(100, 100))
+    )
+    await store.charge_budget(
+        _charge(turn, BudgetLimits(key, tokens=500, conversation_id="c"), spent=(150, None))
+    )
+    await store.finish_turn(dataclasses.replace(turn, state="error"), None)
+    retry = leased_turn("r1", "c", "b", start_time=T0)
+    charge = _charge(retry, BudgetLimits(key, tokens=5_000, conversation_id="c"), ask=_ask(100, 1_000))
+    async with store.admit_turn(
+        retry, _input("r1"), lease_seconds=30, read_compaction=False, queued=lambda _: None, budget=charge
+    ) as admission:
+        grant = admission.budget
+    assert grant is not None and (grant.output_tokens, grant.refused) == (250, None)  # 500 - 150 - 100
+    assert [(b.key, b.tokens) for b in grant.budgets] == [(key, 500)]
+    assert await store.budget_spends([key]) == {key: BudgetSpend(150, 0.0, 350, 0.0)}
