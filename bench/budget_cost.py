@@ -42,6 +42,11 @@ flight of checkouts before stop 49, which did not carry it: the first step charg
 interleaved with the others in the same process and stores: an A/B that a loaded machine's drift
 between two runs would hide.
 The rest of the request (the turn's writes, the estimate, the engine) is this checkout's.
+
+``--ledger`` adds a table of where each arm's CPU goes on SQLite, by thread: the event loop's (the
+engine's budget code, the programs' hand-off), the writer's commits (the charge programs' Python,
+their statements, the commit), the other threads' (the reader's: the admission check's read; the
+writer thread's work outside its commits).
 """
 
 from __future__ import annotations
@@ -79,6 +84,7 @@ from turnwire_server.store import Store, TurnRecord
 from turnwire_server.store.core import budget_writes, turn_writes
 from turnwire_server.store.core import writes as core_writes
 from turnwire_server.store.records import BudgetGrant
+from turnwire_server.store.sqlite.writer import SqliteWriter
 
 MODEL = "bench:model"
 PRICES = PriceBook(PricingSettings.model_validate({"models": {MODEL: {"input_mtok": 3, "output_mtok": 15}}}))
@@ -267,6 +273,22 @@ async def _steps(
         budgets.settled_by(grant)
 
 
+_WRITER_CPU = [0.0]  # the SQLite writer thread's CPU seconds in its commits, with --ledger
+
+
+def _ledgered(commit: Callable[..., Any]) -> Callable[..., Any]:
+    """``SqliteWriter._commit`` adding its thread's CPU to :data:`_WRITER_CPU` (``--ledger``)."""
+
+    def timed(self: Any, applies: Any) -> Any:
+        started = time.thread_time()
+        try:
+            return commit(self, applies)
+        finally:
+            _WRITER_CPU[0] += time.thread_time() - started
+
+    return timed
+
+
 async def _block(
     store: Store,
     arm: str,
@@ -278,17 +300,26 @@ async def _block(
     base: int,
     budgets: BudgetSettings,
     carried: bool = True,
+    ledger: dict[str, list[float]] | None = None,
 ) -> tuple[list[float], list[float], float]:
     """``turns`` requests of ``arm`` (``carried``: see :func:`_turn`): each one's client CPU and
-    wall, and the server's CPU per request over the block, in µs."""
+    wall, and the server's CPU per request over the block, in µs; with ``ledger``, each one's
+    CPU by thread added to it (``loop``: this thread's, ``writer``: the SQLite writer's commits,
+    ``other``: the rest of the process's, the reader's thread among them)."""
     server_before = backend_cpu_s(url) if url else 0.0
     cpu, wall = [], []
     for n in range(turns):
         _served(arm, base + n, request)
+        writer_before, loop_before = _WRITER_CPU[0], time.thread_time()
         cpu_before, wall_before = time.process_time(), time.perf_counter()
         await _turn(store, arm, steps, request, base + n, carried=carried, budgets=budgets)
         cpu.append((time.process_time() - cpu_before) * 1e6)
         wall.append((time.perf_counter() - wall_before) * 1e6)
+        if ledger is not None:
+            loop, writer = (time.thread_time() - loop_before) * 1e6, (_WRITER_CPU[0] - writer_before) * 1e6
+            ledger.setdefault("loop", []).append(loop)
+            ledger.setdefault("writer", []).append(writer)
+            ledger.setdefault("other", []).append(cpu[-1] - loop - writer)
     server = ((backend_cpu_s(url) - server_before) / turns * 1e6) if url else 0.0
     return cpu, wall, server
 
@@ -310,7 +341,14 @@ async def main() -> None:
         default="turn,conversation,tenant",
         help="the budgets configured, comma-separated (turn, conversation, tenant: its day)",
     )
+    parser.add_argument(
+        "--ledger",
+        action="store_true",
+        help="also print where each arm's CPU goes on SQLite, by thread (loop, writer, other)",
+    )
     args = parser.parse_args()
+    if args.ledger:
+        SqliteWriter._commit = _ledgered(SqliteWriter._commit)  # type: ignore[method-assign]
     scopes = [s.strip() for s in args.scopes.split(",") if s.strip()]
     unknown = sorted(set(scopes) - SCOPES.keys())
     if unknown or not scopes:
@@ -332,6 +370,7 @@ async def main() -> None:
     cpu: dict[tuple[str, str], list[float]] = {}
     wall: dict[tuple[str, str], list[float]] = {}
     server: dict[tuple[str, str], list[float]] = {}
+    ledgers: dict[str, dict[str, list[float]]] = {arm: {} for arm in arms}  # SQLite's, by arm
     async with both_stores() as (lite, pg, url):
         stores = (("SQLite", lite, None), ("PostgreSQL", pg, url))
         for _, store, store_url in stores:
@@ -365,6 +404,7 @@ async def main() -> None:
                         base=offset + r * args.block,
                         carried=carries or store is lite,
                         budgets=budgets,
+                        ledger=ledgers[arm] if args.ledger and store is lite else None,
                     )
                     cpu.setdefault((name, arm), []).extend(samples)
                     wall.setdefault((name, arm), []).extend(walls)
@@ -387,6 +427,8 @@ async def main() -> None:
                 continue
             added = client + server_cpu - off_total
             print(row + f"| {added:.0f} | {'PASS' if added <= ALLOWANCE_US else 'MISS'} |")
+    if args.ledger:
+        _print_ledger(ledgers, arms)
     print(
         f"\n{args.steps} model step(s) per request; medians of {args.rounds} interleaved blocks of "
         f"{args.block} requests per arm (client: of the requests; server: of the blocks); budgets: "
@@ -394,6 +436,19 @@ async def main() -> None:
         f"{args.messages} messages of 400 bytes per step; "
         f"load average {load:.1f}"
     )
+
+
+def _print_ledger(ledgers: dict[str, dict[str, list[float]]], arms: tuple[str, ...]) -> None:
+    """The ``--ledger`` table: SQLite's CPU per request by thread, medians, and what each arm adds
+    to the off arm's in each (the medians of parts need not add up to the whole's)."""
+    print("\n| SQLite arm | event loop µs | writer µs | other threads µs | added: loop / writer / other |")
+    print("|---|---|---|---|---|")
+    off = {part: statistics.median(ledgers["off"][part]) for part in ("loop", "writer", "other")}
+    for arm in arms:
+        parts = {part: statistics.median(ledgers[arm][part]) for part in ("loop", "writer", "other")}
+        added = " / ".join(f"{parts[p] - off[p]:+.0f}" for p in ("loop", "writer", "other"))
+        row = f"| {arm} | {parts['loop']:.0f} | {parts['writer']:.0f} | {parts['other']:.0f} |"
+        print(row + (" – |" if arm == "off" else f" {added} |"))
 
 
 if __name__ == "__main__":

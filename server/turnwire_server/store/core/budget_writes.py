@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any, Final, TypeVar
 
 from turnwire_server.store.core.budget_rules import Reservation, fit_output, settle
@@ -485,13 +484,13 @@ def _columns(state: BudgetSpend) -> tuple[int, float, int, float]:
 def kept_limits(budget: BudgetLimits, stored_tokens: Any, stored_usd: Any) -> BudgetLimits:
     """``budget`` with a ``turn`` budget's stored limits kept where lower: a request's own lower
     budget holds for every attempt of its turn (a recovery knows only the configured one)."""
-    if budget.key.scope != "turn":
+    if budget.key.scope != "turn" or (stored_tokens is None and stored_usd is None):
         return budget
-    return replace(
-        budget,
-        tokens=_lower(budget.tokens, None if stored_tokens is None else int(stored_tokens)),
-        usd=_lower(budget.usd, None if stored_usd is None else float(stored_usd)),
-    )
+    tokens = _lower(budget.tokens, None if stored_tokens is None else int(stored_tokens))
+    usd = _lower(budget.usd, None if stored_usd is None else float(stored_usd))
+    if tokens == budget.tokens and usd == budget.usd:
+        return budget
+    return BudgetLimits(budget.key, tokens, usd, budget.conversation_id)
 
 
 def _lower(given: T | None, stored: T | None) -> T | None:
