@@ -431,6 +431,56 @@ async def test_two_replicas_racing_for_the_last_of_a_budget_one_gets_it() -> Non
                 await replica.close()
 
 
+async def test_two_replicas_admitting_turns_for_the_last_of_a_budget_one_gets_it() -> None:
+    """The same race between two admissions (each charge adds its ask to the row as it takes it,
+    on the assumption it fits): the second to take the row's lock sees the first's reservation in
+    the row it gets back, is refused, and writes the row back without its own ask."""
+    with postgres_database() as url:
+        replicas = [PostgresStore(url), PostgresStore(url)]
+        for replica in replicas:
+            await replica.open()
+        try:
+            for round_number in range(20):
+                key = BudgetKey("tenant/day", f"t{round_number}", "2026-01-02")
+                budget = BudgetLimits(key, tokens=2_000)
+                first = await _started(replicas[0], f"r{round_number}-0", f"t{round_number}/c0")
+                await replicas[0].charge_budget(
+                    BudgetCharge(
+                        first.request_id, first.conversation_id, first.lease, (budget,), ask=_ask(499, 1)
+                    )
+                )
+
+                async def admitted(
+                    replica: PostgresStore,
+                    n: int,
+                    key_round: int = round_number,
+                    limits: BudgetLimits = budget,
+                ) -> BudgetGrant:
+                    turn = leased_turn(f"r{key_round}-{n}", f"t{key_round}/c{n}", "a", start_time=T0)
+                    charge = BudgetCharge(
+                        turn.request_id, turn.conversation_id, turn.lease, (limits,), ask=_ask(500, 500)
+                    )
+                    async with replica.admit_turn(
+                        turn,
+                        _input(turn.request_id),
+                        lease_seconds=30,
+                        read_compaction=False,
+                        queued=lambda _: None,
+                        budget=charge,
+                    ) as admission:
+                        assert admission.budget is not None
+                        return admission.budget
+
+                grants = await asyncio.gather(
+                    *(admitted(replica, n + 1) for n, replica in enumerate(replicas))
+                )
+                assert sorted(g.refused is None for g in grants) == [False, True], grants
+                assert (await replicas[0].budget_spends([key]))[key] == BudgetSpend(0, 0.0, 1_500, 0.0)
+        finally:
+            for replica in replicas:
+                await replica.close()
+
+
 def _input(request_id: str, message_id: str | None = None) -> list[message_pb2.Message]:
     user = message_pb2.Message(id=message_id or f"u-{request_id}", role=message_pb2.ROLE_USER)
     user.parts.add().text.text = "q"
