@@ -432,9 +432,9 @@ async def test_two_replicas_racing_for_the_last_of_a_budget_one_gets_it() -> Non
 
 
 async def test_two_replicas_admitting_turns_for_the_last_of_a_budget_one_gets_it() -> None:
-    """The same race between two admissions (each charge adds its ask to the row as it takes it,
-    on the assumption it fits): the second to take the row's lock sees the first's reservation in
-    the row it gets back, is refused, and writes the row back without its own ask."""
+    """The same race between two admissions, each charge riding the one flight that admits its
+    turn (PostgreSQL): the second to take the row's lock sees the first's reservation and is
+    refused; the row holds one reservation."""
     with postgres_database() as url:
         replicas = [PostgresStore(url), PostgresStore(url)]
         for replica in replicas:
@@ -578,11 +578,11 @@ async def test_an_admission_refused_by_its_input_rules_reserves_nothing(store: S
     assert await store.get_turn("r2") is None
 
 
-# A turn's first charge riding its admission writes its reservation as it takes the rows, on the
-# assumption that the ask fits whole, and writes the decided states over it when it does not
-# (budget_writes._admitted). Each case: what the admission's charge stores and grants is what the
-# general charge of the same ask stores and grants, from the same states (two worlds, apart by
-# their keys, in one store).
+# A turn's first charge riding its admission (``charge_budget(..., admitting=True)``, joined to the
+# transaction that starts the turn, or on PostgreSQL the one flight) stores and grants what a
+# charge of the same ask on a started turn does, from the same states (two worlds, apart by their
+# keys, in one store). A charge that adds its ask to the rows as it takes them and decides on the
+# rows less the ask (tried in stop 53) fails the dollar cases below: (a + b) - b is not a.
 _ADMISSION_CASES = {
     # case: (the neighbour's ask, the limits it charged under, the ask, the limits charged now)
     "fits whole": (
@@ -706,3 +706,112 @@ async def test_an_admission_under_a_retried_request_id_keeps_the_turns_lower_sto
     assert grant is not None and (grant.output_tokens, grant.refused) == (250, None)  # 500 - 150 - 100
     assert [(b.key, b.tokens) for b in grant.budgets] == [(key, 500)]
     assert await store.budget_spends([key]) == {key: BudgetSpend(150, 0.0, 350, 0.0)}
+
+
+# Agreement at US dollar boundaries, the rows' states set directly: the last bits of a double
+# decide whether a step's output is clamped by one token, and whether a settled row is back at 0
+# (a charge that derived a row's earlier state from its later one, (a + b) - b, got them wrong).
+_DOLLAR_CASES = {
+    # case: (spent_usd, reserved_usd, the token limit, the dollar limit, the ask)
+    "refused by tokens, dollars reserved": (0.0, 0.1, 100, None, BudgetAsk(200, 0.2, 0.0, 10)),
+    "clamped at a dollar boundary": (
+        0.0,
+        0.9533275000000041,
+        None,
+        1.0,
+        BudgetAsk(18653, 18653 * 2.5e-6, 4e-6, 10),
+    ),
+    "one token at a dollar boundary": (
+        0.6241640507547823,
+        0.31771684924521776,
+        None,
+        1.0,
+        BudgetAsk(19373, 19373 * 3e-6, 1e-7, 1),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_DOLLAR_CASES))
+async def test_the_admissions_charge_agrees_at_dollar_boundaries(
+    store: Store, store_backend: StoreBackend, case: str
+) -> None:
+    spent_usd, reserved_usd, tokens, usd, ask = _DOLLAR_CASES[case]
+    outcomes = []
+    for world in ("a", "g"):
+        key = BudgetKey("tenant/day", world, "2026-01-02")
+        store_backend.sql(
+            "INSERT INTO budget_spend (scope, scope_key, period, spent_tokens, spent_usd, reserved_tokens,"
+            " reserved_usd, limit_tokens, limit_usd) VALUES (?, ?, ?, 0, ?, 0, ?, ?, ?)",
+            (*key, spent_usd, reserved_usd, tokens, usd),
+        )
+        turn = leased_turn(f"r{world}", f"{world}/c", "a", start_time=T0)
+        charge = _charge(turn, BudgetLimits(key, tokens, usd), ask=ask)
+        if world == "a":
+            grant = await _admitted(store, turn, charge)
+        else:
+            await store.start_turn(turn, _input(turn.request_id))
+            grant = await store.charge_budget(charge)
+        stored = (await store.budget_spends([key]))[key]
+        outcomes.append(
+            (grant.output_tokens, grant.refused and grant.refused.scope, grant.spends[key], stored)
+        )
+    assert outcomes[0] == outcomes[1]
+
+
+async def _admitted(store: Store, turn: TurnRecord, charge: BudgetCharge) -> BudgetGrant:
+    """``turn`` admitted (its input ``_input``) with ``charge`` riding the admission: its grant."""
+    async with store.admit_turn(
+        turn,
+        _input(turn.request_id),
+        lease_seconds=30,
+        read_compaction=False,
+        queued=lambda _: None,
+        budget=charge,
+    ) as admission:
+        assert admission.budget is not None
+        return admission.budget
+
+
+async def test_a_retried_request_ids_admission_settles_its_leftover_reservation_under_the_same_limits(
+    store: Store,
+) -> None:
+    budget = BudgetLimits(TENANT_DAY, tokens=10_000)
+    first = leased_turn("r1", "c", "a", start_time=T0)
+    await _admitted(store, first, _charge(first, budget, ask=_ask(100, 100)))
+    await store.finish_turn(dataclasses.replace(first, state="error"), None)  # 200 left reserved
+    retry = leased_turn("r1", "c", "b", start_time=T0)
+    grant = await _admitted(store, retry, _charge(retry, budget, ask=_ask(100, 300)))
+    assert (grant.output_tokens, grant.refused) == (300, None)
+    # The leftover settled at what it reserved (a lost attempt's), the retry's 400 reserved.
+    assert await store.budget_spends([TENANT_DAY]) == {TENANT_DAY: BudgetSpend(200, 0.0, 400, 0.0)}
+
+
+async def test_a_refused_admissions_charge_leaves_no_reservation(
+    store: Store, store_backend: StoreBackend
+) -> None:
+    budget = BudgetLimits(TENANT_DAY, tokens=100)
+    hog = leased_turn("r0", "c0", "a", start_time=T0)
+    await _admitted(store, hog, _charge(hog, budget, ask=_ask(50, 50)))
+    turn = leased_turn("r1", "c1", "a", start_time=T0)
+    grant = await _admitted(store, turn, _charge(turn, budget, ask=_ask(10, 10)))
+    assert grant.refused == TENANT_DAY
+    assert store_backend.sql("SELECT scope FROM budget_reservations WHERE request_id = ?", ("r1",)) == []
+
+
+async def test_an_admission_stores_a_turns_own_lower_limit_for_its_later_charges(store: Store) -> None:
+    key = BudgetKey("turn", "r1")
+    turn = leased_turn("r1", "c", "a", start_time=T0)
+    grant = await _admitted(
+        store, turn, _charge(turn, BudgetLimits(key, tokens=500, conversation_id="c"), ask=_ask(100, 100))
+    )
+    assert grant.output_tokens == 100
+    # A later charge that knows only the configured 5 000 (a recovery's) meets the stored 500.
+    later = await store.charge_budget(
+        _charge(
+            turn,
+            BudgetLimits(key, tokens=5_000, conversation_id="c"),
+            ask=_ask(100, 1_000),
+            spent=(200, None),
+        )
+    )
+    assert later.output_tokens == 200  # 500 - 200 spent - 100 of prompt

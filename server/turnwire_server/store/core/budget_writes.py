@@ -15,16 +15,6 @@ at a time). The second batch writes the turn's reservations in place (an upsert;
 a budget no longer charged deleted) and the budget rows back, settled by
 :func:`~.budget_rules.settle`.
 
-A turn's first charge, riding the transaction that starts it (``admitting``), is one batch in the
-common case: the rows' upsert adds the whole ask to what they hold reserved as it takes them
-(:data:`_ADD_ROWS`), and the turn's reservations are written with it, on the assumption the ask
-fits whole. The rows it returns, less that addition, are the states the rules decide on, as for
-any charge (no second copy of :func:`~.budget_rules.fit_output` in SQL); only when the decision
-is not that assumption (the ask clamped or refused, a reservation left under the request id by an
-earlier attempt, a limit changed) does a second batch write the decided states over it, as the
-general charge's writes do. Nothing of the first batch is seen outside the transaction (the rows
-stay locked on PostgreSQL; SQLite applies writes one at a time).
-
 A charge without an ask (the turn's last settlement, riding its final write; a lost attempt's)
 has nothing to decide: one batch (after the token's read when not ``fenced``; on PostgreSQL
 after a read that locks the turn's reserved rows in key order) in which the database settles
@@ -45,14 +35,7 @@ from typing import Any, Final, TypeVar
 from turnwire_server.store.core.budget_rules import Reservation, fit_output, settle
 from turnwire_server.store.core.fencing import holds_lease, lease_read
 from turnwire_server.store.core.sql import Dialect, Program, Statement, folded
-from turnwire_server.store.records import (
-    BudgetAsk,
-    BudgetCharge,
-    BudgetGrant,
-    BudgetKey,
-    BudgetLimits,
-    BudgetSpend,
-)
+from turnwire_server.store.records import BudgetCharge, BudgetGrant, BudgetKey, BudgetLimits, BudgetSpend
 
 __all__ = ["charge_budget", "conversation_deleted", "kept_limits", "read_spends", "spends_from_rows"]
 
@@ -76,7 +59,8 @@ _TAKE_ROWS: Final = (
     # The charged rows (k: VALUES of key and conversation) and those of the turn's other
     # reservations (a past period's, a budget no longer configured), sorted: charges racing for
     # the same rows lock them in one order. Created at zero when missing, only while the turn is
-    # recorded (a deleted conversation's turn leaves no row behind); the no-op update locks an
+    # recorded (a deleted conversation's turn leaves no row behind; not checked for the charge
+    # riding the turn's admission, whose row that transaction writes); the no-op update locks an
     # existing row and makes RETURNING give it. WHERE before ON CONFLICT: SQLite's parser needs it.
     "INSERT INTO budget_spend (scope, scope_key, period, conversation_id)"
     " SELECT k.column1, k.column2, k.column3, k.column4 FROM ({keys}) AS k"
@@ -85,28 +69,6 @@ _TAKE_ROWS: Final = (
     f" RETURNING scope, scope_key, period, {_SPEND_COLUMNS}, limit_tokens, limit_usd"
 )
 _RECORDED: Final = " WHERE EXISTS (SELECT 1 FROM turns WHERE request_id = ?)"
-_ADD_ROWS: Final = (
-    # A turn's first charge (admitting): the charged rows (k: VALUES of key, conversation, the
-    # reservation added, the limits a new row is created with) and those of the turn's other
-    # reservations (nothing added), sorted as _TAKE_ROWS takes them; a row taken gets the
-    # reservation added to what it holds reserved and keeps its stored limits (returned, so the
-    # caller keeps a turn's lower one). The casts type a column of NULLs alike in both dialects.
-    "INSERT INTO budget_spend (scope, scope_key, period, conversation_id, reserved_tokens,"
-    " reserved_usd, limit_tokens, limit_usd)"
-    " SELECT k.column1, k.column2, k.column3, k.column4, CAST(k.column5 AS BIGINT),"
-    " CAST(k.column6 AS DOUBLE PRECISION), CAST(k.column7 AS BIGINT), CAST(k.column8 AS DOUBLE PRECISION)"
-    " FROM ({keys}) AS k WHERE true ORDER BY k.column1, k.column2, k.column3"
-    " ON CONFLICT (scope, scope_key, period) DO UPDATE SET"
-    " reserved_tokens = budget_spend.reserved_tokens + excluded.reserved_tokens,"
-    " reserved_usd = budget_spend.reserved_usd + excluded.reserved_usd"
-    f" RETURNING scope, scope_key, period, {_SPEND_COLUMNS}, limit_tokens, limit_usd"
-)
-_OTHER_RESERVED_ADDING: Final = (
-    "SELECT scope AS column1, scope_key AS column2, period AS column3,"
-    " CASE WHEN scope IN ('turn', 'conversation') THEN conversation_id END AS column4,"
-    " 0 AS column5, 0.0 AS column6, NULL AS column7, NULL AS column8"
-    " FROM budget_reservations WHERE request_id = ?"
-)
 _OTHER_RESERVED: Final = (
     # A reservation's budget row belongs to the turn's conversation when its scope does.
     "SELECT scope AS column1, scope_key AS column2, period AS column3,"
@@ -213,15 +175,13 @@ def charge_budget(
     ``charge.lease``; a turn no longer recorded (its conversation was deleted) is charged nothing.
     ``fenced``: the program this one is joined to (:func:`~.sql.joined`, its statements first in
     each batch) reads and locks the turn's token under ``charge.lease`` and raises when it was
-    lost, so this one does not read it again. ``admitting``: that program is the turn's start,
-    which writes the turn's row in the same transaction (``fenced`` implied: the token is the one
-    that start writes): the charge is one batch when the ask fits whole (:func:`_admitted`)."""
+    lost, so this one does not read it again. ``admitting``: the program it is joined to is the
+    turn's start (``start_turn``), which writes the turn's row in its last batch, after this
+    one's reads (``fenced`` implied: the token is the one that start writes)."""
     fenced = fenced or admitting
     ask = charge.ask
     if ask is None:
         return (yield from _settled(charge, dialect, fenced=fenced))
-    if admitting:
-        return (yield from _admitted(charge, ask, dialect))
     keys = sorted({budget.key for budget in charge.budgets})
     owners = {budget.key: budget.conversation_id for budget in charge.budgets}
     if fenced:
@@ -232,112 +192,24 @@ def charge_budget(
     params: list[Any] = [value for k in keys for value in (*k, owners[k])]
     params.append(charge.request_id)
     params.extend(value for k in keys for value in k)
-    params.append(charge.request_id)
-    found = yield [first, Statement(_take_rows(len(keys)), params, fetch=True)]
+    if not admitting:
+        params.append(charge.request_id)
+    found = yield [first, Statement(_take_rows(len(keys), not admitting), params, fetch=True)]
     if not fenced and not holds_lease([row[:2] for row in found[0][:1]], charge.lease):
         return BudgetGrant(output_tokens=ask.max_output)
     rows = {BudgetKey(*row[:3]): row[3:] for row in found[1]}
     if fenced and len(rows) < len(keys):  # no row created: the turn is not recorded
         return BudgetGrant(output_tokens=ask.max_output)
-    reservations = _reservations(found[0])
-    spends = {k: _spend(row) for k, row in rows.items()}
-    grant, writes = _decided(
-        charge, ask, rows, spends, reservations=reservations, stored={r.key for r in reservations}
-    )
-    yield folded(writes, dialect)
-    return grant
-
-
-def _admitted(charge: BudgetCharge, ask: BudgetAsk, dialect: Dialect) -> Program[BudgetGrant]:
-    """:func:`charge_budget` riding the turn's start: one batch that reads the reservations
-    stored under the request id (an earlier attempt's, if any), takes the rows with the whole ask
-    added to their reserved amounts (:data:`_ADD_ROWS`) and stores the turn's reservations of
-    it. The states the rules decide on are the rows returned less that addition; when the decision
-    is the ask granted whole, nothing reserved before, no limit changed, that batch wrote it and
-    nothing follows, else a second batch writes the decided states over it."""
-    budgets = charge.budgets
-    keys = sorted({budget.key for budget in budgets})
-    owners = {budget.key: budget.conversation_id for budget in budgets}
-    limits = {budget.key: (budget.tokens, budget.usd) for budget in budgets}
-    epoch = charge.lease.epoch if charge.lease is not None else 0
-    tokens = ask.prompt_tokens + ask.max_output
-    usd = ask.prompt_usd + ask.max_output * ask.usd_per_output_token
-    params: list[Any] = [value for k in keys for value in (*k, owners[k], tokens, usd, *limits[k])]
-    params.append(charge.request_id)
-    params.extend(value for k in keys for value in k)
-    reserve = [
-        value
-        for b in budgets
-        for value in (charge.request_id, *b.key, charge.conversation_id, epoch, tokens, usd)
-    ]
-    found = yield [
-        Statement(_RESERVATIONS, (charge.request_id,), fetch=True),
-        Statement(_add_rows(len(keys)), params, fetch=True),
-        Statement(_reserve(len(budgets)), reserve),
-    ]
-    rows = {BudgetKey(*row[:3]): row[3:] for row in found[1]}
-    reservations = _reservations(found[0])
-    added = rows.keys() & limits.keys()
-    if not reservations and all((*rows[k][4:6],) == limits[k] for k in added):
-        output, refused = fit_output(ask, budgets, _before(rows, added, tokens, usd))
-        if refused is None and output == ask.max_output:  # as the first batch wrote it
-            spends = {k: _spend(row) for k, row in rows.items()}
-            return BudgetGrant(output, tokens, usd, None, spends, budgets)
-    # The first batch's reservations are rewritten or deleted with the rest.
-    grant, writes = _decided(
-        charge,
-        ask,
-        rows,
-        _before(rows, added, tokens, usd),
-        reservations=reservations,
-        stored={r.key for r in reservations} | added,
-    )
-    yield folded(writes, dialect)
-    return grant
-
-
-def _before(
-    rows: dict[BudgetKey, Sequence[Any]], added: set[BudgetKey], tokens: int, usd: float
-) -> dict[BudgetKey, BudgetSpend]:
-    """The states of :data:`_ADD_ROWS`' ``rows`` before it added ``tokens`` and ``usd`` to the
-    reserved amounts of the ``added`` ones (exact in tokens; in US dollars to the last bit of a
-    double)."""
-    spends = {}
-    for key, row in rows.items():
-        state = _spend(row)
-        if key in added:
-            state = BudgetSpend(
-                state.spent_tokens, state.spent_usd, state.reserved_tokens - tokens, state.reserved_usd - usd
-            )
-        spends[key] = state
-    return spends
-
-
-def _reservations(rows: Sequence[Sequence[Any]]) -> list[Reservation]:
-    """The reservations of :data:`_TOKEN_AND_RESERVATIONS`' or :data:`_RESERVATIONS`' ``rows``."""
-    return [
+    reservations = [
         Reservation(BudgetKey(scope, key, period), int(epoch), int(tokens), float(usd))
-        for _, _, scope, key, period, epoch, tokens, usd in rows
+        for _, _, scope, key, period, epoch, tokens, usd in found[0]
         if scope is not None
     ]
-
-
-def _decided(
-    charge: BudgetCharge,
-    ask: BudgetAsk,
-    rows: dict[BudgetKey, Sequence[Any]],
-    spends: dict[BudgetKey, BudgetSpend],
-    *,
-    reservations: Sequence[Reservation],
-    stored: set[BudgetKey],
-) -> tuple[BudgetGrant, list[Statement]]:
-    """A charge's decision over the budget ``rows`` it took (their stored limits) in their states
-    ``spends``, the turn's ``reservations`` settled first (:func:`~.budget_rules.settle`), and the
-    writes that store it: the turn's reservation of what was granted (those of ``stored`` budgets
-    not reserved again deleted) and every row's new state."""
     budgets = tuple(kept_limits(budget, *rows[budget.key][4:6]) for budget in charge.budgets)
     epoch = charge.lease.epoch if charge.lease is not None else 0
-    spends = settle(spends, reservations, epoch=epoch, spent=charge.spent)
+    spends = settle(
+        {k: _spend(row) for k, row in rows.items()}, reservations, epoch=epoch, spent=charge.spent
+    )
     grant = BudgetGrant()
     writes: list[Statement] = []
     reserved: set[BudgetKey] = set()
@@ -364,7 +236,7 @@ def _decided(
         )
     else:
         grant = BudgetGrant(refused=refused)
-    stale = sorted(stored - reserved)
+    stale = sorted({r.key for r in reservations} - reserved)
     if stale and not reserved:
         writes.append(Statement(_UNRESERVE, (charge.request_id,)))
     elif stale:  # a reservation of a budget this step does not charge (a past period's)
@@ -383,7 +255,8 @@ def _decided(
                 ],
             )
         )
-    return BudgetGrant(grant.output_tokens, grant.tokens, grant.usd, grant.refused, spends, budgets), writes
+    yield folded(writes, dialect)
+    return BudgetGrant(grant.output_tokens, grant.tokens, grant.usd, grant.refused, spends, budgets)
 
 
 def _settled(charge: BudgetCharge, dialect: Dialect, *, fenced: bool) -> Program[BudgetGrant]:
@@ -432,20 +305,14 @@ def _settlement(charge: BudgetCharge, epoch: int, dialect: Dialect) -> list[Stat
 
 
 @functools.lru_cache(maxsize=64)
-def _take_rows(count: int) -> str:
+def _take_rows(count: int, guarded: bool) -> str:
     # A join on the keys (not an OR of conditions, which SQLite answers with a scan of the table).
+    guard = _RECORDED if guarded else " WHERE true"  # a WHERE before ON CONFLICT, as above
     if not count:
-        return _TAKE_ROWS.format(keys=_OTHER_RESERVED, guard=_RECORDED)
+        return _TAKE_ROWS.format(keys=_OTHER_RESERVED, guard=guard)
     charged, named = ", ".join(["(?, ?, ?, ?)"] * count), ", ".join(["(?, ?, ?)"] * count)
     others = f"{_OTHER_RESERVED} AND (scope, scope_key, period) NOT IN (VALUES {named})"
-    return _TAKE_ROWS.format(keys=f"VALUES {charged} UNION ALL {others}", guard=_RECORDED)
-
-
-@functools.lru_cache(maxsize=32)
-def _add_rows(count: int) -> str:
-    charged, named = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?)"] * count), ", ".join(["(?, ?, ?)"] * count)
-    others = f"{_OTHER_RESERVED_ADDING} AND (scope, scope_key, period) NOT IN (VALUES {named})"
-    return _ADD_ROWS.format(keys=f"VALUES {charged} UNION ALL {others}")
+    return _TAKE_ROWS.format(keys=f"VALUES {charged} UNION ALL {others}", guard=guard)
 
 
 @functools.lru_cache(maxsize=2)

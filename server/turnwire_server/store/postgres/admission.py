@@ -189,8 +189,7 @@ class TurnQueue(PostgresConnection):
         rides the admitting transaction either way (``TurnAdmission.budget``, its grant): on the
         waiting path :meth:`start_turn`'s; on the idle path the flight's, which then goes out
         without its ``COMMIT`` (a charge decides its writes on the rows it read): the charge's
-        batch (its reservation written as it takes the rows, when the ask fits whole) is answered
-        with the flight's; writes it then decides go out with the ``COMMIT``."""
+        reads are answered with the flight's, its writes go out with the ``COMMIT``."""
         start = prepare_start_turn(turn, messages)
         return self._admit(
             turn,
@@ -255,9 +254,8 @@ class TurnQueue(PostgresConnection):
         ticket (failing the transaction unless it heads the queue), the input's writes
         (:func:`_start_new_turn`, failing it in the uncommon cases), the history and compaction
         reads, ``COMMIT``, sent together; the server is waited for once. With ``budget`` (the
-        first reservation), its charge's first batch goes out before the ``COMMIT`` and is
-        answered with the flight's (one round trip for both); the writes it decides after, when
-        the ask did not fit whole (``budget_writes._admitted``), with the ``COMMIT``. Returns
+        first reservation), its charge's reads go out before the ``COMMIT`` and are answered with
+        the flight's (one round trip for both), its writes with the ``COMMIT`` (a second). Returns
         the ticket and what was read; None when the transaction failed (nothing stored, no ticket taken: the
         caller takes the waiting path, which also reports a database that is down). A connection
         lost on the way leaves the ``COMMIT``'s outcome unknown: :meth:`_own_start` tells it."""
@@ -284,9 +282,9 @@ class TurnQueue(PostgresConnection):
                         if read_compaction:
                             compaction = await conn.execute(_LOAD_COMPACTION, (conversation_id,))
                         grant = None
-                        if budget is not None:  # the turn's row is the flight's
+                        if budget is not None:  # the turn's row is the flight's: fenced
                             grant = await run_program(
-                                conn, budget_writes.charge_budget(budget, DIALECT, admitting=True)
+                                conn, budget_writes.charge_budget(budget, DIALECT, fenced=True)
                             )
                 except psycopg.Error as error:
                     await db.discard(conn)
