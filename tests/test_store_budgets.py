@@ -450,29 +450,15 @@ async def test_two_replicas_admitting_turns_for_the_last_of_a_budget_one_gets_it
                     )
                 )
 
-                async def admitted(
-                    replica: PostgresStore,
-                    n: int,
-                    key_round: int = round_number,
-                    limits: BudgetLimits = budget,
-                ) -> BudgetGrant:
-                    turn = leased_turn(f"r{key_round}-{n}", f"t{key_round}/c{n}", "a", start_time=T0)
-                    charge = BudgetCharge(
-                        turn.request_id, turn.conversation_id, turn.lease, (limits,), ask=_ask(500, 500)
-                    )
-                    async with replica.admit_turn(
-                        turn,
-                        _input(turn.request_id),
-                        lease_seconds=30,
-                        read_compaction=False,
-                        queued=lambda _: None,
-                        budget=charge,
-                    ) as admission:
-                        assert admission.budget is not None
-                        return admission.budget
-
+                turns = [
+                    leased_turn(f"r{round_number}-{n}", f"t{round_number}/c{n}", "a", start_time=T0)
+                    for n in (1, 2)
+                ]
                 grants = await asyncio.gather(
-                    *(admitted(replica, n + 1) for n, replica in enumerate(replicas))
+                    *(
+                        _admitted(replica, turn, _charge(turn, budget, ask=_ask(500, 500)))
+                        for replica, turn in zip(replicas, turns, strict=True)
+                    )
                 )
                 assert sorted(g.refused is None for g in grants) == [False, True], grants
                 assert (await replicas[0].budget_spends([key]))[key] == BudgetSpend(0, 0.0, 1_500, 0.0)
@@ -623,19 +609,10 @@ async def test_the_admissions_charge_agrees_with_the_general_charge(store: Store
         turn = leased_turn(f"r{world}", conversation, "a", start_time=T0)
         charge = _charge(turn, *_world_budgets(world, *limits), ask=ask)
         if world == "a":
-            async with store.admit_turn(
-                turn,
-                _input(turn.request_id),
-                lease_seconds=30,
-                read_compaction=False,
-                queued=lambda _: None,
-                budget=charge,
-            ) as admission:
-                grant = admission.budget
+            grant = await _admitted(store, turn, charge)
         else:
             await store.start_turn(turn, _input(turn.request_id))
             grant = await store.charge_budget(charge)
-        assert grant is not None
         # A later step of the neighbour, settling and asking again: it meets the limits stored.
         later = await store.charge_budget(
             _charge(neighbour, *_world_budgets(world, *limits), ask=_ask(1, 50), spent=(150, 0.0))
@@ -667,11 +644,7 @@ async def test_an_admission_under_a_retried_request_id_settles_what_its_earlier_
     await store.finish_turn(dataclasses.replace(turn, state="error"), None)  # nothing settled
     retry = leased_turn("r1", "c", "b", start_time=T0)
     charge = _charge(retry, BudgetLimits(key, tokens=5_000, conversation_id="c"), ask=_ask(100, 1_000))
-    async with store.admit_turn(
-        retry, _input("r1"), lease_seconds=30, read_compaction=False, queued=lambda _: None, budget=charge
-    ) as admission:
-        grant = admission.budget
-    assert grant is not None
+    grant = await _admitted(store, retry, charge)
     # 500 - 200 settled - 100 of prompt: 200 output tokens, on the stored limit of 500.
     assert (grant.output_tokens, grant.tokens, grant.refused) == (200, 300, None)
     assert grant.spends[key] == BudgetSpend(200, 0.0, 300, 0.0)
@@ -699,11 +672,8 @@ async def test_an_admission_under_a_retried_request_id_keeps_the_turns_lower_sto
     await store.finish_turn(dataclasses.replace(turn, state="error"), None)
     retry = leased_turn("r1", "c", "b", start_time=T0)
     charge = _charge(retry, BudgetLimits(key, tokens=5_000, conversation_id="c"), ask=_ask(100, 1_000))
-    async with store.admit_turn(
-        retry, _input("r1"), lease_seconds=30, read_compaction=False, queued=lambda _: None, budget=charge
-    ) as admission:
-        grant = admission.budget
-    assert grant is not None and (grant.output_tokens, grant.refused) == (250, None)  # 500 - 150 - 100
+    grant = await _admitted(store, retry, charge)
+    assert (grant.output_tokens, grant.refused) == (250, None)  # 500 - 150 - 100
     assert [(b.key, b.tokens) for b in grant.budgets] == [(key, 500)]
     assert await store.budget_spends([key]) == {key: BudgetSpend(150, 0.0, 350, 0.0)}
 
