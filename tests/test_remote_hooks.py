@@ -78,8 +78,28 @@ async def remote_engine(make_engine: EngineFactory) -> AsyncIterator[RemoteEngin
         await middleware.aclose()
 
 
+_COUNTED_BEFORE: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+
+
+@pytest.fixture(autouse=True)
+def counters_from_here() -> None:
+    """Counters as this test began, so :func:`metric` gives what the test counted: the counters
+    are the process's, labelled by the hook server's address, and a worker that runs many tests
+    gets a port an earlier test's server had (CI: an OnChunks call counted twice)."""
+    _COUNTED_BEFORE.clear()
+    for family in REGISTRY.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                _COUNTED_BEFORE[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+
+
 def metric(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(name, labels) or 0.0
+    """The sample ``name`` with ``labels``: a counter's (``*_total``) count since this test began,
+    a gauge's value."""
+    value = REGISTRY.get_sample_value(name, labels) or 0.0
+    if name.endswith("_total"):
+        value -= _COUNTED_BEFORE.get((name, tuple(sorted(labels.items()))), 0.0)
+    return value
 
 
 # --- order and contents ---------------------------------------------------------------------

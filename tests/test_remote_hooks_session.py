@@ -14,7 +14,7 @@ from support.hook_server import RecordingHookServer, serving, sleep_forever
 from support.traces import memory_tracing, traceparent_of
 from support.waiting import wait_until
 from test_remote_hooks import *  # noqa: F403  # every test of the unary path, collected again here
-from test_remote_hooks import PARENT, RemoteEngine, metric
+from test_remote_hooks import PARENT, RemoteEngine, counters_from_here, metric  # noqa: F401 (a fixture)
 
 from turnwire.hooks import SessionContext
 from turnwire_client.v1 import event_pb2
