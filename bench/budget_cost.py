@@ -21,9 +21,14 @@ run interleaved on the same stores:
   them, as the others still do). PostgreSQL's one-flight admission carries it since stop 49
   (before, there this arm was the folded one plus the estimate).
 
+- **read**: as admitted, with the engine's check that refuses a new turn on a spent budget a read
+  of its own before the turn queues (``admission_refusal``), as on a conversation busy in the
+  process and, before 2026-12-04's stop 54, on every one.
+
 Every arm is admitted by ``admit_turn`` (the engine's path), the turn's lock held to its end;
-every arm but off first runs the engine's check that refuses a new turn on a spent budget
-(``admission_refusal``: one read; before 2026-12-04's stop 51 the bench left it out).
+every arm but off runs that check: the admitted arm in the admission's transaction, on the rows
+its first reservation takes (``admit_turn``'s ``refuse``, the engine's path on an idle
+conversation since stop 54), the others by the read (before stop 51 the bench left it out).
 
 The added cost of an arm is its CPU per request minus the off arm's: this process's
 (``time.process_time``: the prompt estimate, the programs, the driver; the SQLite writer thread
@@ -74,7 +79,12 @@ from turnwire.compaction import EstimateTokens
 from turnwire.providers import ModelRequest
 from turnwire.types import Cost, ModelSettings, Usage
 from turnwire_client.v1 import message_pb2
-from turnwire_server.engine.budget_admission import FirstStepEstimates, admission_charge, admission_refusal
+from turnwire_server.engine.budget_admission import (
+    FirstStepEstimates,
+    admission_charge,
+    admission_refusal,
+    refusing_budgets,
+)
 from turnwire_server.engine.budget_settings import BudgetSettings
 from turnwire_server.engine.budgets import StepBudgets
 from turnwire_server.engine.cost import PriceBook
@@ -83,7 +93,7 @@ from turnwire_server.engine.request import TurnRequest
 from turnwire_server.store import Store, TurnRecord
 from turnwire_server.store.core import budget_writes, turn_writes
 from turnwire_server.store.core import writes as core_writes
-from turnwire_server.store.records import BudgetGrant
+from turnwire_server.store.records import BudgetGrant, BudgetLimits
 from turnwire_server.store.sqlite.writer import SqliteWriter
 
 MODEL = "bench:model"
@@ -94,7 +104,7 @@ SCOPES = {
     "tenant": {"day": {"tokens": 10**12, "usd": 10**6}},
 }
 ALLOWANCE_US = 300.0
-ARMS = ("off", "separate", "folded", "admitted")
+ARMS = ("off", "separate", "folded", "admitted", "read")
 RATES = PRICES.rates(MODEL, None)
 ESTIMATES = FirstStepEstimates()
 _ESTIMATE = EstimateTokens()
@@ -127,7 +137,16 @@ def _base_charges(checkout: Path) -> Any:
             loaded.append(module)
     finally:
         sys.modules.update(saved)
-    return SimpleNamespace(charge_budget=loaded[1].charge_budget)
+    charge = loaded[1].charge_budget
+
+    def admission_budget(budget: Any, refuse: Any, dialect: Any, *, admitting: bool) -> Any:
+        # Checkouts before stop 54 checked a new turn's budgets by a read of their own.
+        assert not refuse, "the base arm's check is a read of its own"
+        if budget is None:
+            return None
+        return (yield from charge(budget, dialect, fenced=True, admitting=admitting))
+
+    return SimpleNamespace(charge_budget=charge, admission_budget=admission_budget)
 
 
 def _history(messages: int) -> list[message_pb2.Message]:
@@ -159,10 +178,12 @@ async def _turn(
     *,
     carried: bool,
     budgets: BudgetSettings,
+    read_check: bool,
 ) -> None:
     """One request of ``arm`` under ``budgets``: its admission (``admit_turn``, as the engine's;
     the admitted arm's carries the first reservation when ``carried``), its steps' writes and its
-    final write, the lock held."""
+    final write, the lock held. Every arm but off checks the budgets before the turn: a read of its
+    own when ``read_check``, else in the admission (``admit_turn``'s ``refuse``)."""
     turn = TurnRecord(
         request_id=f"{arm}-r{n}",
         conversation_id=f"{arm}-c{n}",
@@ -175,9 +196,12 @@ async def _turn(
     )
     user = message_pb2.Message(id=f"{arm}-u{n}", role=message_pb2.ROLE_USER)
     user.parts.add().text.text = "q"
-    if arm != "off":  # the engine's check before a new turn is admitted (a read, no lock)
+    refuse: tuple[BudgetLimits, ...] = ()
+    if arm != "off" and read_check:  # the engine's check on a busy conversation (a read, no lock)
         refused = await admission_refusal(store, budgets, turn.conversation_id, "", turn.start_time)
         assert refused is None, refused
+    elif arm != "off":  # on an idle one: it rides the admission
+        refuse = refusing_budgets(budgets, turn.conversation_id, "", turn.start_time)
     first = None
     if arm == "admitted" and carried:
         asked = TurnRequest(
@@ -193,7 +217,7 @@ async def _turn(
             budgets, ESTIMATES, asked, turn.lease, rates=RATES, now=dt.datetime.now(dt.UTC)
         )
     async with store.admit_turn(
-        turn, [user], lease_seconds=30, read_compaction=False, queued=_ignored, budget=first
+        turn, [user], lease_seconds=30, read_compaction=False, queued=_ignored, budget=first, refuse=refuse
     ) as admission:
         await _steps(store, arm, steps, request, turn, admitted=admission.budget, limits=budgets)
 
@@ -300,6 +324,7 @@ async def _block(
     base: int,
     budgets: BudgetSettings,
     carried: bool = True,
+    read_check: bool = False,
     ledger: dict[str, list[float]] | None = None,
 ) -> tuple[list[float], list[float], float]:
     """``turns`` requests of ``arm`` (``carried``: see :func:`_turn`): each one's client CPU and
@@ -312,7 +337,9 @@ async def _block(
         _served(arm, base + n, request)
         writer_before, loop_before = _WRITER_CPU[0], time.thread_time()
         cpu_before, wall_before = time.process_time(), time.perf_counter()
-        await _turn(store, arm, steps, request, base + n, carried=carried, budgets=budgets)
+        await _turn(
+            store, arm, steps, request, base + n, carried=carried, budgets=budgets, read_check=read_check
+        )
         cpu.append((time.process_time() - cpu_before) * 1e6)
         wall.append((time.perf_counter() - wall_before) * 1e6)
         if ledger is not None:
@@ -357,9 +384,12 @@ async def main() -> None:
     arms = (*ARMS, "base") if args.base else ARMS
     # arm -> the arm _turn runs, the charge program the store's writes call, its request ids'
     # offset, whether PostgreSQL's admission carries the first reservation
-    runs: dict[str, tuple[str, Any, int, bool]] = {arm: (arm, budget_writes, 0, True) for arm in ARMS}
+    runs: dict[str, tuple[str, Any, int, bool, bool]] = {
+        arm: (arm, budget_writes, 0, True, arm in ("separate", "folded")) for arm in ARMS
+    }
+    runs["read"] = ("admitted", budget_writes, 2 * 10**6, True, True)  # request ids apart from admitted's
     if args.base:  # request ids apart from admitted's
-        runs["base"] = ("admitted", _base_charges(args.base.resolve()), 10**6, not args.base_uncarried)
+        runs["base"] = ("admitted", _base_charges(args.base.resolve()), 10**6, not args.base_uncarried, True)
     request = ModelRequest(
         model="model",
         system="You are a helpful assistant.",
@@ -375,7 +405,7 @@ async def main() -> None:
         stores = (("SQLite", lite, None), ("PostgreSQL", pg, url))
         for _, store, store_url in stores:
             for arm in arms:  # warm: imports, caches, the statement cache
-                run, charges, offset, carries = runs[arm]
+                run, charges, offset, carries, read_check = runs[arm]
                 _use(charges)
                 await _block(
                     store,
@@ -387,12 +417,13 @@ async def main() -> None:
                     base=offset - 100,
                     carried=carries or store is lite,
                     budgets=budgets,
+                    read_check=read_check,
                 )
         for r in range(args.rounds):
             for name, store, store_url in stores:
                 # Interleaved, each round in another order: a load change hits every arm alike.
                 for arm in arms[r % len(arms) :] + arms[: r % len(arms)]:
-                    run, charges, offset, carries = runs[arm]
+                    run, charges, offset, carries, read_check = runs[arm]
                     _use(charges)
                     samples, walls, per_request = await _block(
                         store,
@@ -404,6 +435,7 @@ async def main() -> None:
                         base=offset + r * args.block,
                         carried=carries or store is lite,
                         budgets=budgets,
+                        read_check=read_check,
                         ledger=ledgers[arm] if args.ledger and store is lite else None,
                     )
                     cpu.setdefault((name, arm), []).extend(samples)

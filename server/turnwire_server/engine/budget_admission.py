@@ -30,15 +30,21 @@ from turnwire_client.v1 import message_pb2
 from turnwire_server.cache_budget import CACHES, CacheRegion
 from turnwire_server.engine import metrics
 from turnwire_server.engine.budget_refusals import exhausted_text
-from turnwire_server.engine.budget_scopes import applies, budgets_for, exhausted, lowered, resets_in
+from turnwire_server.engine.budget_scopes import applies, budgets_for, lowered, resets_in
 from turnwire_server.engine.budget_settings import BudgetLimit, BudgetSettings
 from turnwire_server.engine.errors import BudgetRefused
 from turnwire_server.engine.request import TurnRequest
 from turnwire_server.store.budgets import BudgetStore
-from turnwire_server.store.records import BudgetAsk, BudgetCharge, BudgetSpend, TurnLease
+from turnwire_server.store.records import BudgetAsk, BudgetCharge, BudgetLimits, BudgetSpend, TurnLease
 from turnwire_server.tenant_keys import tenant_of_key
 
-__all__ = ["FirstStepEstimates", "admission_charge", "admission_refusal"]
+__all__ = [
+    "FirstStepEstimates",
+    "admission_charge",
+    "admission_refusal",
+    "budget_refusal",
+    "refusing_budgets",
+]
 
 _ESTIMATE = EstimateTokens()
 _ENTRY_BYTES = 160  # a held estimate: the conversation id's key, an int, the cache's entry
@@ -114,27 +120,47 @@ class FirstStepEstimates:
         return int((base + _ESTIMATE.messages(messages)) * _MARGIN) + _MARGIN_TOKENS
 
 
+def refusing_budgets(
+    settings: BudgetSettings, conversation_id: str, principal: str, now: dt.datetime
+) -> tuple[BudgetLimits, ...]:
+    """The budgets whose exhaustion refuses a new turn on ``conversation_id`` asked for by
+    ``principal`` at ``now``: its conversation's, its tenant's and the principal's periods (not
+    the turn's own, which starts empty). Empty when none is configured."""
+    return tuple(
+        budgets_for(settings, "", conversation_id, BudgetLimit(), now, principal=principal, with_turn=False)
+    )
+
+
+def budget_refusal(
+    budget: BudgetLimits, spend: BudgetSpend, conversation_id: str, now: dt.datetime
+) -> BudgetRefused:
+    """The refusal of a new turn on ``conversation_id`` by ``budget``, exhausted at ``spend``
+    (naming the budget, what ran out and when it resets), counted in
+    ``turnwire_budget_exhausted_total``."""
+    metrics.BUDGET_EXHAUSTED.labels(tenant_of_key(conversation_id), budget.key.scope).inc()
+    return BudgetRefused(
+        budget.key.scope, exhausted_text(budget.tokens, budget.usd, spend), resets_in(budget.key, now)
+    )
+
+
 async def admission_refusal(
     store: BudgetStore, settings: BudgetSettings, conversation_id: str, principal: str, now: dt.datetime
 ) -> BudgetRefused | None:
     """Why a new turn on ``conversation_id`` asked for by ``principal`` is refused before
     anything is stored: its conversation's, tenant's or principal's budget exhausted (None:
-    admitted). One read, no lock; a turn
-    admitted in a race with another's last step meets the budget at its first step instead and
-    ends with the same reason (the charge, under the rows' locks, never lets it overspend)."""
-    budgets = budgets_for(
-        settings, "", conversation_id, BudgetLimit(), now, principal=principal, with_turn=False
-    )
+    admitted). One read, no lock, before the turn queues (the engine's check on a conversation
+    with a turn running here, or for new input that would stop one; else the check rides the
+    turn's admission, ``Store.admit_turn``'s ``refuse``). A turn admitted in a race with
+    another's last step meets the budget at its first step instead and ends with the same reason
+    (the charge, under the rows' locks, never lets it overspend)."""
+    budgets = refusing_budgets(settings, conversation_id, principal, now)
     if not budgets:
         return None
     spends = await store.budget_spends([budget.key for budget in budgets])
     for budget in budgets:
         spend = spends.get(budget.key, BudgetSpend())
-        if exhausted(budget, spend):
-            metrics.BUDGET_EXHAUSTED.labels(tenant_of_key(conversation_id), budget.key.scope).inc()
-            return BudgetRefused(
-                budget.key.scope, exhausted_text(budget.tokens, budget.usd, spend), resets_in(budget.key, now)
-            )
+        if budget.exhausted_by(spend):
+            return budget_refusal(budget, spend, conversation_id, now)
     return None
 
 

@@ -15,7 +15,7 @@ from turnwire_server.engine.budget_settings import BudgetLimit, BudgetSettings
 from turnwire_server.store.records import BudgetKey, BudgetLimits, BudgetSpend
 from turnwire_server.tenant_keys import tenant_of_key
 
-__all__ = ["budget_states", "budgets_for", "exhausted", "lowered", "resets_in"]
+__all__ = ["budget_states", "budgets_for", "lowered", "resets_in"]
 
 
 def lowered(configured: BudgetLimit, requested: BudgetLimit | None) -> BudgetLimit:
@@ -124,10 +124,3 @@ def budget_states(
                     )
                 )
     return tuple(states)
-
-
-def exhausted(budget: BudgetLimits, spend: BudgetSpend) -> bool:
-    """No room left for a step of one token (or of any cost)."""
-    if budget.tokens is not None and spend.spent_tokens + spend.reserved_tokens >= budget.tokens:
-        return True
-    return budget.usd is not None and spend.spent_usd + spend.reserved_usd >= budget.usd

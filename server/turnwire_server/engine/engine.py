@@ -26,6 +26,7 @@ from turnwire_server.engine.budget_admission import admission_refusal
 from turnwire_server.engine.channel import EventChannel
 from turnwire_server.engine.crash_recovery import recover_turn
 from turnwire_server.engine.errors import (
+    BudgetRefused,
     CancelledByShutdown,
     ConversationDeleted,
     NestedTurn,
@@ -193,15 +194,22 @@ class TurnEngine:
         A new turn on a conversation whose budget or tenant's budget is exhausted is refused
         (:class:`~turnwire_server.engine.errors.BudgetRefused`) before anything is stored; turns
         that carry stored input (a submission, a continuation after tool results) run and meet
-        the budget at their first step (docs/cost.md, "Budgets").
+        the budget at their first step (docs/cost.md, "Budgets"). On a conversation idle here
+        the check rides the turn's admission, and this returns once the input is stored (or the
+        turn waits in line behind another replica's: a refusal then comes as the stream's
+        TurnEnd, before any TurnStart); else it is a read before the turn queues.
         Raises :class:`~turnwire_server.engine.errors.AdmissionRefused` subclasses.
         """
         previous = self._turns.get(request.request_id)
         if previous is not None and previous.run.ended:
             await asyncio.wait({previous.task})  # neither raises its error nor cancels it
         concurrent_input = ConcurrentInput("reject") if reserved else None
+        check_budgets = (
+            recovery is None and request.entry in _REFUSED_OVER_BUDGET and self.settings.budgets.enabled
+        )
+        in_admission = check_budgets and self._checks_in_admission(request)
         try:
-            if recovery is None and request.entry in _REFUSED_OVER_BUDGET and self.settings.budgets.enabled:
+            if check_budgets and not in_admission:
                 refusal = await admission_refusal(
                     self.store,
                     self.settings.budgets,
@@ -271,6 +279,7 @@ class TurnEngine:
             first_in_line=concurrent_input is not None
             and concurrent_input.strategy in ("interrupt", "rollback"),
             concurrent_input=concurrent_input,
+            check_budgets=in_admission,
         )
         tracing = self.tracing
 
@@ -302,7 +311,37 @@ class TurnEngine:
         self._turns[request.request_id] = handle
         if request.subagent_path and self.subagents is not None:
             self.subagents.started(handle)
+        if run.budget_check is not None:
+            await self._budget_checked(handle, run.budget_check)
         return handle
+
+    def _checks_in_admission(self, request: TurnRequest) -> bool:
+        """Whether a new turn's budget check rides its admission (``Store.admit_turn``'s
+        ``refuse``: no read of its own) rather than a read before it queues: when no turn of its
+        conversation runs or waits here and its input would stop none (interrupt and rollback
+        stop the running turn before the new one is admitted), and its input is stored as it
+        takes the lock (a conditional continuation reads the history first)."""
+        strategy = request.concurrent_input or self.settings.limits.concurrent_input
+        return (
+            not request.skip_unless
+            and strategy not in ("interrupt", "rollback")
+            and self._local_busy(request.conversation_id, own_id="") is None
+        )
+
+    async def _budget_checked(self, handle: TurnHandle, check: asyncio.Future[BudgetRefused | None]) -> None:
+        """Wait for the budget check riding ``handle``'s admission (it answers once the input is
+        stored, or the turn waits in line, or it ended otherwise); raises its
+        :class:`BudgetRefused` once the refused turn has ended, so nothing of it is left
+        (docs/cost.md, "Budgets"). A caller cancelled meanwhile lets the turn go as a caller that
+        hangs up does (:meth:`TurnHandle.release`)."""
+        try:
+            refusal = await asyncio.shield(check)
+        except asyncio.CancelledError:
+            handle.release()
+            raise
+        if refusal is not None:
+            await asyncio.wait({handle.task})
+            raise refusal
 
     async def busy_turn(self, conversation_id: str, *, own_id: str = "") -> str | None:
         """The request id of a turn running or queued on ``conversation_id`` (the one holding its

@@ -415,11 +415,12 @@ class Tracing:
         cost: Cost | None = None,
     ) -> None:
         """Record how the turn ended: ``turnwire.turn.status`` (completed, error, aborted,
-        interrupted, skipped), its summed usage and cost (:func:`_cost`), and for ``error`` the error."""
+        interrupted, skipped, refused: a budget refused it at its admission), its summed usage and
+        cost (:func:`_cost`), and for ``error`` and ``refused`` the error."""
         if not span.is_recording():
             return
         span.set_attributes({"turnwire.turn.status": outcome, **_usage(usage), **_cost(cost)})
-        if outcome == "error" and error is not None:
+        if outcome in ("error", "refused") and error is not None:
             fail(span, error)
 
     def chat(self, provider: Provider, request: ModelRequest, conversation_id: str) -> _Scope | _Off:

@@ -34,7 +34,7 @@ from contextlib import AbstractAsyncContextManager
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.engine import metrics
-from turnwire_server.engine.budget_admission import admission_charge
+from turnwire_server.engine.budget_admission import admission_charge, budget_refusal, refusing_budgets
 from turnwire_server.engine.budget_scopes import applies
 from turnwire_server.engine.budgets import settle, step_budgets
 from turnwire_server.engine.errors import (
@@ -44,7 +44,8 @@ from turnwire_server.engine.errors import (
 from turnwire_server.engine.turn_attempts import TurnAttempts
 from turnwire_server.engine.turn_spec import spec_json
 from turnwire_server.engine.turn_timeline import QUEUE
-from turnwire_server.store.records import BudgetCharge, TurnAdmission, TurnRecord
+from turnwire_server.store.errors import BudgetSpent
+from turnwire_server.store.records import BudgetCharge, BudgetLimits, TurnAdmission, TurnRecord
 
 log = logging.getLogger("turnwire.turn")
 
@@ -78,6 +79,7 @@ class TurnRun(TurnAttempts):
                 try:
                     queue = self.state.timeline.begin(QUEUE, "queue", at=self.admitted)
                     async with self._turn_lock() as admission:
+                        self._checked()
                         self.state.timeline.end(queue)
                         self._on_lock_acquired()
                         await self._locked(admission)
@@ -86,6 +88,8 @@ class TurnRun(TurnAttempts):
                     self.outcome = "aborted"
                     self._not_stored("it was cancelled while it waited for the turn before it")
                     await self._left_for_recovery()
+                except BudgetSpent as spent:  # the check riding the admission: nothing stored
+                    self._refused(spent)
                 except Exception as error:  # the lock or the input's commit failed: nothing stored
                     self.outcome = "error"
                     self.error = TurnFailure("persist", error)
@@ -94,13 +98,29 @@ class TurnRun(TurnAttempts):
             self._phase = "after"
             await self._after_lock()
         finally:
+            self._checked()  # ended without the check's answer: its stream says how
             self._phase = "ended"
             self.ended = True
             self.writer.close()
             self._count()
 
+    def _refused(self, spent: BudgetSpent) -> None:
+        """The admission found a budget the turn would run under spent: the turn is refused
+        (nothing was stored, no hook runs, it is not counted as a turn). The engine's ``start``
+        raises the refusal when it still waits for the check; else the stream's TurnEnd carries
+        it, as its first event (the call's refusal, as every refusal before TurnStart)."""
+        refusal = budget_refusal(
+            spent.budget, spent.spend, self.request.conversation_id, dt.datetime.now(dt.UTC)
+        )
+        self.outcome = "refused"
+        self.error = refusal
+        self.status_error = self._error_status(refusal, "persist")
+        self._checked(refusal)
+
     def _count(self) -> None:
-        """The turn's metrics and its debug line, once it ended."""
+        """The turn's metrics and its debug line, once it ended (a refused turn is no turn)."""
+        if self.outcome == "refused":
+            return
         status = "error" if self.outcome == "running" else self.outcome
         seconds = time.perf_counter() - self.admitted
         metrics.TURNS.labels(self.request.entry, status).inc()
@@ -123,6 +143,7 @@ class TurnRun(TurnAttempts):
             )
         self._record = self._new_record()
         self._phase = "storing"
+        charge = self._admission_charge(self._record)
         return self.store.admit_turn(
             self._record,
             request.messages,
@@ -130,7 +151,22 @@ class TurnRun(TurnAttempts):
             read_compaction=self.compactor is not None,
             queued=self._queued,
             first=self.first_in_line,
-            budget=self._admission_charge(self._record),
+            budget=charge,
+            refuse=self._refusing(charge),
+        )
+
+    def _refusing(self, charge: BudgetCharge | None) -> tuple[BudgetLimits, ...]:
+        """The budgets whose exhaustion refuses this turn at its admission, when the check rides
+        it (:attr:`budget_check`; else none): those of the admission's ``charge`` but the turn's
+        own, when it carries one (the same budgets at the same time, so the charge's rows answer
+        the check), else :func:`refusing_budgets`."""
+        if self.budget_check is None:
+            return ()
+        if charge is not None:
+            return tuple(limits for limits in charge.budgets if limits.key.scope != "turn")
+        request = self.request
+        return refusing_budgets(
+            self.settings.budgets, request.conversation_id, request.principal, dt.datetime.now(dt.UTC)
         )
 
     def _admission_charge(self, record: TurnRecord) -> BudgetCharge | None:
@@ -158,6 +194,8 @@ class TurnRun(TurnAttempts):
         one recorded while the input was being written takes effect now) or writing the input (a
         stop waits for the commit)."""
         self._phase = "queued" if waiting else "storing"
+        if waiting:
+            self._checked()  # the engine's start returns: the check answers when its turn comes
         if waiting and self.state.cancelled.is_set():
             raise asyncio.CancelledError
 

@@ -32,6 +32,7 @@ from turnwire_server.engine.client_tools import turn_tools
 from turnwire_server.engine.compaction import Compactor
 from turnwire_server.engine.cost import CostTotal
 from turnwire_server.engine.errors import (
+    BudgetRefused,
     InputNotStored,
     ServerStopping,
     TurnFailure,
@@ -109,8 +110,16 @@ class TurnRunBase:
         tracing: Tracing = TRACING_OFF,
         first_in_line: bool = False,
         concurrent_input: ConcurrentInput | None = None,
+        check_budgets: bool = False,
     ) -> None:
         self.request = request
+        #: With ``check_budgets``: the outcome of the new turn's budget check, which rides its
+        #: admission (``Store.admit_turn``'s ``refuse``; docs/cost.md, "Budgets"): the refusal,
+        #: or None once the turn was admitted, waits in line or ended otherwise (its stream tells
+        #: then). The engine's ``start`` waits for it.
+        self.budget_check: asyncio.Future[BudgetRefused | None] | None = (
+            asyncio.get_running_loop().create_future() if check_budgets else None
+        )
         self.first_in_line = first_in_line
         #: When the turn was admitted (``time.perf_counter``): the start of its duration metrics.
         self.admitted = time.perf_counter()
@@ -176,7 +185,8 @@ class TurnRunBase:
         self._admission: TurnAdmission | None = None
         #: The budget charges holding the reservation that commit stored, for the first attempt.
         self._admitted: StepBudgets | None = None
-        self.outcome: StoredTurnState = "running"
+        #: A stored turn's state, or ``refused``: a budget refused it at its admission (never stored).
+        self.outcome: StoredTurnState | Literal["refused"] = "running"
         self.status_error: WireStatus | None = None
         self.error: BaseException | None = None
         self.stored_message: message_pb2.Message | None = None
@@ -295,6 +305,12 @@ class TurnRunBase:
             and self.state.cancelled.is_set()
             and self._stop is None
         )
+
+    def _checked(self, refusal: BudgetRefused | None = None) -> None:
+        """The budget check's outcome is known (:attr:`budget_check`): ``refusal`` or None."""
+        check = self.budget_check
+        if check is not None and not check.done():
+            check.set_result(refusal)
 
     def _not_stored(self, why: str) -> None:
         """The turn ends before its input was stored: its TurnEnd says so (no TurnStart was sent).

@@ -148,9 +148,11 @@ class TurnEnding(TurnRunBase):
         # GetConversation names it after a restart, when no TurnEnd is around to say it.
         error_bytes = None if self.status_error is None else self.status_error.SerializeToString()
         cost_usd, cost_source = self.state.cost.stored()
+        outcome = self.outcome
+        assert outcome != "refused"  # refused at its admission: nothing of it was stored
         record = dataclasses.replace(
             self._record,
-            state=self.outcome,
+            state=outcome,
             end_time=dt.datetime.now(dt.UTC),
             error=error_bytes,
             cost_usd=cost_usd,
@@ -311,6 +313,7 @@ class TurnEnding(TurnRunBase):
             "aborted": event_pb2.TURN_STATUS_ABORTED,
             "interrupted": event_pb2.TURN_STATUS_INTERRUPTED,
             "skipped": event_pb2.TURN_STATUS_SKIPPED,
+            "refused": event_pb2.TURN_STATUS_ERROR,
             "running": event_pb2.TURN_STATUS_ERROR,
         }[self.outcome]
         if self.status_error is not None:

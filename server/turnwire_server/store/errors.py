@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from turnwire.errors import CanonicalCode, DomainError, ErrorDetails
 from turnwire_client.v1 import error_reason_pb2 as reasons
+from turnwire_server.store.records import BudgetLimits, BudgetSpend
 
 
 class StoreError(DomainError):
@@ -213,6 +214,22 @@ def _advice(earlier_state: str) -> str:
             "this request brings other input, which needs a new request_id"
         )
     return "it is still running; re-attach to it with ResumeTurn, and use a new request_id for a new turn"
+
+
+class BudgetSpent(StoreRefusal):
+    """A new turn's admission found a budget it would run under exhausted (``Store.admit_turn``'s
+    ``refuse``; the rule: :meth:`~turnwire_server.store.records.BudgetLimits.exhausted_by`):
+    nothing was stored. ``budget`` is the budget that refused, ``spend`` its state then. The
+    engine reports it as its ``BudgetRefused``, naming the budget and when it resets
+    (docs/cost.md, "Budgets")."""
+
+    error_reason = reasons.ERROR_REASON_BUDGET_EXHAUSTED
+    status_code = CanonicalCode.RESOURCE_EXHAUSTED
+
+    def __init__(self, budget: BudgetLimits, spend: BudgetSpend) -> None:
+        super().__init__(f"the {budget.key.scope} budget is spent")
+        self.budget = budget
+        self.spend = spend
 
 
 class TurnNotFound(StoreRefusal):

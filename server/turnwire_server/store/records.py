@@ -303,6 +303,13 @@ class BudgetLimits:
     usd: float | None = None
     conversation_id: str | None = None
 
+    def exhausted_by(self, spend: BudgetSpend) -> bool:
+        """True when ``spend`` (spent plus reserved) leaves no room under these limits for a step
+        of one token, or of any cost: the rule that refuses a new turn (docs/cost.md, "Budgets")."""
+        if self.tokens is not None and spend.spent_tokens + spend.reserved_tokens >= self.tokens:
+            return True
+        return self.usd is not None and spend.spent_usd + spend.reserved_usd >= self.usd
+
 
 @dataclass(frozen=True, slots=True)
 class BudgetSpend:

@@ -15,7 +15,14 @@ from contextlib import AbstractAsyncContextManager
 from typing import Protocol, runtime_checkable
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store.records import BudgetCharge, BudgetGrant, TurnAdmission, TurnLease, TurnRecord
+from turnwire_server.store.records import (
+    BudgetCharge,
+    BudgetGrant,
+    BudgetLimits,
+    TurnAdmission,
+    TurnLease,
+    TurnRecord,
+)
 
 __all__ = ["TurnStore"]
 
@@ -34,6 +41,7 @@ class TurnStore(Protocol):
         queued: Callable[[bool], None],
         first: bool = False,
         budget: BudgetCharge | None = None,
+        refuse: Sequence[BudgetLimits] = (),
     ) -> AbstractAsyncContextManager[TurnAdmission]:
         """Hold the conversation's turn lock and start ``turn`` in it: :meth:`turn_lock` (for
         ``turn.request_id``, held by ``turn.owner``) and then :meth:`start_turn`, released on
@@ -44,14 +52,19 @@ class TurnStore(Protocol):
         first step's reservation) rides the input's commit, its grant in
         ``TurnAdmission.budget`` (None without ``budget``). It never refuses the admission: a
         grant that was refused reserved nothing (docs/cost.md, "What it costs per request").
+        ``refuse``: budgets whose exhaustion refuses the turn, checked in the same transaction on
+        the rows the charge takes (or read for the check alone): one exhausted
+        (:meth:`BudgetLimits.exhausted_by`) raises :class:`~turnwire_server.store.errors.BudgetSpent`,
+        nothing stored (the engine's check of a new turn's budgets, docs/cost.md, "Budgets").
 
         The backend may do both in one step: PostgreSQL takes the ticket, checks that it heads
         the queue, writes the input and reads the history in one transaction sent in one flight
         (one round trip before the model call), and takes the waiting path only when turns are
         ahead. ``queued(True)`` is called (in the caller's task) when the turn starts waiting for
-        them, ``queued(False)`` once it holds the lock and its input is being written: in between
-        the caller may cancel it, before and after not (the input's commit must not be cut
-        short). ``queued`` may raise :class:`asyncio.CancelledError` to give up before waiting.
+        them, ``queued(False)`` once it holds the lock and its input is being written (neither
+        when it did not wait): in between the caller may cancel it, before and after not (the
+        input's commit must not be cut short). ``queued`` may raise
+        :class:`asyncio.CancelledError` to give up before waiting.
         A turn that waited has ``lease_until`` renewed to ``lease_seconds`` from its start.
         ``first`` puts it first in line as :meth:`turn_lock` does.
         Raises what :meth:`start_turn` and :meth:`turn_lock` raise (nothing stored, the lock

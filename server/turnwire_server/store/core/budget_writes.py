@@ -29,19 +29,29 @@ wait on each other in a cycle.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 from turnwire_server.store.core.budget_rules import Reservation, fit_output, settle
 from turnwire_server.store.core.fencing import holds_lease, lease_read
-from turnwire_server.store.core.sql import Dialect, Program, Statement, folded
+from turnwire_server.store.core.sql import Dialect, Program, Statement, folded, joined
+from turnwire_server.store.errors import BudgetSpent
 from turnwire_server.store.records import BudgetCharge, BudgetGrant, BudgetKey, BudgetLimits, BudgetSpend
 
-__all__ = ["charge_budget", "conversation_deleted", "kept_limits", "read_spends", "spends_from_rows"]
+__all__ = [
+    "admission_budget",
+    "charge_budget",
+    "conversation_deleted",
+    "kept_limits",
+    "read_spends",
+    "refusal_check",
+    "spends_from_rows",
+]
 
 T = TypeVar("T", int, float)
 
 _KEY: Final = "scope = ? AND scope_key = ? AND period = ?"
+_ZERO: Final = BudgetSpend()
 _SPEND_COLUMNS: Final = "spent_tokens, spent_usd, reserved_tokens, reserved_usd"
 _TOKEN_AND_RESERVATIONS: Final = (
     # The turn's fencing token (its row locked, as fencing.lease_read's) and its reservations in
@@ -165,7 +175,12 @@ def _spend(row: Sequence[Any]) -> BudgetSpend:
 
 
 def charge_budget(
-    charge: BudgetCharge, dialect: Dialect, *, fenced: bool = False, admitting: bool = False
+    charge: BudgetCharge,
+    dialect: Dialect,
+    *,
+    fenced: bool = False,
+    admitting: bool = False,
+    refuse: Sequence[BudgetLimits] = (),
 ) -> Program[BudgetGrant]:
     """``BudgetStore.charge_budget``: settle ``charge.request_id``'s reservations and reserve
     ``charge.ask`` in one transaction. With an ask, two batches (on PostgreSQL two round trips):
@@ -177,7 +192,10 @@ def charge_budget(
     each batch) reads and locks the turn's token under ``charge.lease`` and raises when it was
     lost, so this one does not read it again. ``admitting``: the program it is joined to is the
     turn's start (``start_turn``), which writes the turn's row in its last batch, after this
-    one's reads (``fenced`` implied: the token is the one that start writes)."""
+    one's reads (``fenced`` implied: the token is the one that start writes). ``refuse`` (an
+    admission's, whose charge takes their rows): raises :class:`BudgetSpent` (the transaction
+    writes nothing) when one of these budgets is exhausted on the rows as taken and settled, before
+    the charge decides (:func:`refusal_check`'s rule)."""
     fenced = fenced or admitting
     ask = charge.ask
     if ask is None:
@@ -210,6 +228,7 @@ def charge_budget(
     spends = settle(
         {k: _spend(row) for k, row in rows.items()}, reservations, epoch=epoch, spent=charge.spent
     )
+    _refused(refuse, spends)
     grant = BudgetGrant()
     writes: list[Statement] = []
     reserved: set[BudgetKey] = set()
@@ -257,6 +276,44 @@ def charge_budget(
         )
     yield folded(writes, dialect)
     return BudgetGrant(grant.output_tokens, grant.tokens, grant.usd, grant.refused, spends, budgets)
+
+
+def admission_budget(
+    budget: BudgetCharge | None, refuse: Sequence[BudgetLimits], dialect: Dialect, *, admitting: bool
+) -> Program[BudgetGrant | None]:
+    """A new turn's budget work in the transaction that admits it (``Store.admit_turn``): the
+    check of ``refuse`` (:func:`refusal_check`'s rule; raises :class:`BudgetSpent`) and the first
+    reservation ``budget`` (:func:`charge_budget`, fenced: the admission writes the turn's row),
+    either absent. The check rides the charge when the charge takes every row it names, else it
+    reads them. ``admitting``: as :func:`charge_budget`'s (the turn's row is written after this
+    program's reads). Returns the charge's grant (None without ``budget``)."""
+    if budget is None:
+        if refuse:
+            yield from refusal_check(refuse)
+        return None
+    charged = {limits.key for limits in budget.budgets}
+    if all(limits.key in charged for limits in refuse):
+        return (yield from charge_budget(budget, dialect, fenced=True, admitting=admitting, refuse=refuse))
+    charge = charge_budget(budget, dialect, fenced=True, admitting=admitting)
+    _, grant = yield from joined(refusal_check(refuse), charge)
+    return grant
+
+
+def refusal_check(refuse: Sequence[BudgetLimits]) -> Program[None]:
+    """The admission's budget check on its own (an admission that carries no charge, or whose
+    charge does not take every row of ``refuse``): one read of the rows, in the admitting
+    transaction; raises :class:`BudgetSpent` (the transaction writes nothing) when one of
+    ``refuse`` is exhausted (:meth:`BudgetLimits.exhausted_by`; docs/cost.md, "Budgets")."""
+    sql, params = read_spends([budget.key for budget in refuse])
+    (rows,) = yield [Statement(sql, params, fetch=True)]
+    _refused(refuse, spends_from_rows(rows))
+
+
+def _refused(refuse: Sequence[BudgetLimits], spends: Mapping[BudgetKey, BudgetSpend]) -> None:
+    for budget in refuse:
+        spend = spends.get(budget.key, _ZERO)
+        if budget.exhausted_by(spend):
+            raise BudgetSpent(budget, spend)
 
 
 def _settled(charge: BudgetCharge, dialect: Dialect, *, fenced: bool) -> Program[BudgetGrant]:

@@ -28,7 +28,7 @@ from turnwire_server.store.errors import (
     SubmissionNotPending,
     TurnAlreadyExists,
 )
-from turnwire_server.store.records import BudgetCharge, BudgetGrant, TurnRecord
+from turnwire_server.store.records import BudgetCharge, BudgetGrant, BudgetLimits, TurnRecord
 
 __all__ = [
     "CURRENT_VERSION",
@@ -251,18 +251,26 @@ def start_turn_writes(
 
 
 def start_turn(
-    start: StartTurn, dialect: Dialect, now_us: int, budget: BudgetCharge | None = None
+    start: StartTurn,
+    dialect: Dialect,
+    now_us: int,
+    budget: BudgetCharge | None = None,
+    refuse: Sequence[BudgetLimits] = (),
 ) -> Program[BudgetGrant | None]:
     """``Store.start_turn``: the conversation's lock, :func:`start_turn_reads` in one batch,
     :func:`decide_start_turn`, then :func:`start_turn_writes` (sent without waiting). With
     ``budget``, the turn's first reservation (``Store.admit_turn``'s) rides the same transaction,
     batch by batch (:func:`~.budget_writes.charge_budget`, ``admitting``), and its grant is
-    returned (None without)."""
-    if budget is None:
-        yield from _start_turn(start, dialect, now_us)
+    returned (None without). ``refuse`` (``Store.admit_turn``'s): the budgets whose exhaustion
+    refuses the turn, checked in the same transaction
+    (:func:`~.budget_writes.admission_budget`); raises
+    :class:`~turnwire_server.store.errors.BudgetSpent`, nothing stored."""
+    started = _start_turn(start, dialect, now_us)
+    if budget is None and not refuse:
+        yield from started
         return None
     _, grant = yield from joined(
-        _start_turn(start, dialect, now_us), budget_writes.charge_budget(budget, dialect, admitting=True)
+        started, budget_writes.admission_budget(budget, refuse, dialect, admitting=True)
     )
     return grant
 

@@ -36,7 +36,14 @@ from turnwire_server.store.postgres import db, turn_queue
 from turnwire_server.store.postgres.connection import PostgresConnection
 from turnwire_server.store.postgres.db import DIALECT, Conn, run_program
 from turnwire_server.store.postgres.replicas import QUEUE_CHANNEL
-from turnwire_server.store.records import BudgetCharge, BudgetGrant, TurnAdmission, TurnRecord, renewed_lease
+from turnwire_server.store.records import (
+    BudgetCharge,
+    BudgetGrant,
+    BudgetLimits,
+    TurnAdmission,
+    TurnRecord,
+    renewed_lease,
+)
 
 __all__ = ["TurnQueue"]
 
@@ -80,19 +87,24 @@ class TurnQueue(PostgresConnection):
     ) -> Sequence[message_pb2.Message]:
         """Returns the conversation's messages as the transaction left them, read in the same
         flight as its commit."""
-        history = (await self._start_turn(turn, messages, None)).history
+        history = (await self._start_turn(turn, messages, None, ())).history
         assert history is not None  # always read
         return history
 
     async def _start_turn(
-        self, turn: TurnRecord, messages: Sequence[message_pb2.Message], budget: BudgetCharge | None
+        self,
+        turn: TurnRecord,
+        messages: Sequence[message_pb2.Message],
+        budget: BudgetCharge | None,
+        refuse: Sequence[BudgetLimits],
     ) -> TurnAdmission:
-        """:meth:`start_turn`, ``budget`` riding its transaction: the history read and the grant."""
+        """:meth:`start_turn`, ``budget`` and the ``refuse`` check riding its transaction: the
+        history read and the grant."""
         start = prepare_start_turn(turn, messages)
         conversation_id = turn.conversation_id
 
         async def body(conn: Conn, now_us: int) -> Any:
-            grant = await run_program(conn, turn_writes.start_turn(start, DIALECT, now_us, budget))
+            grant = await run_program(conn, turn_writes.start_turn(start, DIALECT, now_us, budget, refuse))
             # Sent with the writes, answered with the COMMIT: the history costs no round trip.
             read = self._decoded.read(conversation_id)
             return grant, read, await conn.execute(read.sql.encode(), read.params)
@@ -180,6 +192,7 @@ class TurnQueue(PostgresConnection):
         queued: Callable[[bool], None],
         first: bool = False,
         budget: BudgetCharge | None = None,
+        refuse: Sequence[BudgetLimits] = (),
     ) -> AbstractAsyncContextManager[TurnAdmission]:
         """The ticket, the check that it heads the queue, the input's writes, the history (and
         compaction) reads and the ``COMMIT`` in one transaction sent in one flight; else (turns
@@ -189,7 +202,10 @@ class TurnQueue(PostgresConnection):
         rides the admitting transaction either way (``TurnAdmission.budget``, its grant): on the
         waiting path :meth:`start_turn`'s; on the idle path the flight's, which then goes out
         without its ``COMMIT`` (a charge decides its writes on the rows it read): the charge's
-        reads are answered with the flight's, its writes go out with the ``COMMIT``."""
+        reads are answered with the flight's, its writes go out with the ``COMMIT``. ``refuse``
+        is checked on the charge's rows (the flight's budget check costs no statement then), or
+        on a read of its own that the flight waits for before its ``COMMIT`` (no charge carried);
+        :class:`~turnwire_server.store.errors.BudgetSpent` rolls the flight back."""
         start = prepare_start_turn(turn, messages)
         return self._admit(
             turn,
@@ -200,6 +216,7 @@ class TurnQueue(PostgresConnection):
             queued=queued,
             first=first,
             budget=budget,
+            refuse=refuse,
         )
 
     @contextlib.asynccontextmanager
@@ -214,11 +231,14 @@ class TurnQueue(PostgresConnection):
         queued: Callable[[bool], None],
         first: bool,
         budget: BudgetCharge | None,
+        refuse: Sequence[BudgetLimits],
     ) -> AsyncIterator[TurnAdmission]:
         conversation_id, request_id, owner = turn.conversation_id, turn.request_id, turn.owner
         lease_us = int(lease_seconds * 1_000_000)
         async with self._tickets.hold(conversation_id):  # this process's tickets in call order
-            flight = asyncio.ensure_future(self._admit_flight(turn, start, lease_us, read_compaction, budget))
+            flight = asyncio.ensure_future(
+                self._admit_flight(turn, start, lease_us, read_compaction, budget=budget, refuse=refuse)
+            )
             try:
                 admitted = await asyncio.shield(flight)
             except asyncio.CancelledError:
@@ -240,7 +260,7 @@ class TurnQueue(PostgresConnection):
             return
         async with self._held(conversation_id, ticket, owner, head, lease_seconds):
             queued(False)
-            yield await self._start_turn(renewed_lease(turn, lease_seconds), messages, budget)
+            yield await self._start_turn(renewed_lease(turn, lease_seconds), messages, budget, refuse)
 
     async def _admit_flight(
         self,
@@ -248,7 +268,9 @@ class TurnQueue(PostgresConnection):
         start: StartTurn,
         lease_us: int,
         read_compaction: bool,
+        *,
         budget: BudgetCharge | None,
+        refuse: Sequence[BudgetLimits],
     ) -> tuple[int, TurnAdmission] | None:
         """The one-flight admission: ``BEGIN``, the conversation's write lock, the queue lock, the
         ticket (failing the transaction unless it heads the queue), the input's writes
@@ -282,9 +304,9 @@ class TurnQueue(PostgresConnection):
                         if read_compaction:
                             compaction = await conn.execute(_LOAD_COMPACTION, (conversation_id,))
                         grant = None
-                        if budget is not None:  # the turn's row is the flight's: fenced
+                        if budget is not None or refuse:  # the turn's row is the flight's: fenced
                             grant = await run_program(
-                                conn, budget_writes.charge_budget(budget, DIALECT, fenced=True)
+                                conn, budget_writes.admission_budget(budget, refuse, DIALECT, admitting=False)
                             )
                 except psycopg.Error as error:
                     await db.discard(conn)

@@ -33,7 +33,14 @@ from turnwire_server.store.core.turn_writes import prepare_start_turn
 from turnwire_server.store.core.webhook_store import CoreWebhooks
 from turnwire_server.store.core.writes import ALONE, Commit, CoreWrites
 from turnwire_server.store.errors import StoreError, StoreInUse
-from turnwire_server.store.records import BudgetCharge, BudgetGrant, TurnAdmission, TurnRecord, renewed_lease
+from turnwire_server.store.records import (
+    BudgetCharge,
+    BudgetGrant,
+    BudgetLimits,
+    TurnAdmission,
+    TurnRecord,
+    renewed_lease,
+)
 from turnwire_server.store.sqlite.db import DB_ERRORS, DIALECT, run_program, store_error
 from turnwire_server.store.sqlite.migrations import Migration, load_migrations
 from turnwire_server.store.sqlite.writer import BUSY_TIMEOUT_MS, SqliteWriter
@@ -228,12 +235,16 @@ class SqliteStore(CoreWrites, CoreReads, CoreSchedules, CoreWebhooks):
         await self._start_turn(turn, messages, None)
 
     async def _start_turn(
-        self, turn: TurnRecord, messages: Sequence[message_pb2.Message], budget: BudgetCharge | None
+        self,
+        turn: TurnRecord,
+        messages: Sequence[message_pb2.Message],
+        budget: BudgetCharge | None,
+        refuse: Sequence[BudgetLimits] = (),
     ) -> BudgetGrant | None:
         start = prepare_start_turn(turn, messages)
         return await self._commit(
             f"start_turn({turn.request_id!r})",
-            lambda now_us: turn_writes.start_turn(start, DIALECT, now_us, budget),
+            lambda now_us: turn_writes.start_turn(start, DIALECT, now_us, budget, refuse),
         )
 
     @asynccontextmanager
@@ -247,13 +258,18 @@ class SqliteStore(CoreWrites, CoreReads, CoreSchedules, CoreWebhooks):
         queued: Callable[[bool], None],
         first: bool = False,
         budget: BudgetCharge | None = None,
+        refuse: Sequence[BudgetLimits] = (),
     ) -> AsyncIterator[TurnAdmission]:
-        """:meth:`turn_lock`, then :meth:`start_turn` in it (``budget`` riding its commit): the
-        lock is in the process, so only the commit reaches the database; nothing is read with it."""
-        queued(True)
+        """:meth:`turn_lock`, then :meth:`start_turn` in it (``budget`` and the ``refuse`` check
+        riding its commit): the lock is in the process, so only the commit reaches the database;
+        nothing is read with it. ``queued`` is called only when the lock is not free at once."""
+        waits = self._locks.head(turn.conversation_id) not in (None, turn.request_id)
+        if waits:
+            queued(True)
         async with self.turn_lock(turn.conversation_id, request_id=turn.request_id, first=first):
-            queued(False)
-            grant = await self._start_turn(renewed_lease(turn, lease_seconds), messages, budget)
+            if waits:
+                queued(False)
+            grant = await self._start_turn(renewed_lease(turn, lease_seconds), messages, budget, refuse)
             yield TurnAdmission(budget=grant)
 
     def turn_lock(
