@@ -8,11 +8,14 @@ before the new turn queues, so the refusal does not wait for that turn; a caller
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import pytest
 from google.rpc import code_pb2
+from opentelemetry.trace import StatusCode
 from support.engine_harness import CONV, EngineFactory, collect, end_of
+from support.traces import memory_tracing, named
 from support.waiting import wait_until
 
 from turnwire.hooks import (
@@ -142,20 +145,17 @@ async def test_a_caller_cancelled_while_start_waits_for_the_check_lets_the_turn_
     assert h.provider.calls == 0
 
 
-async def test_a_turn_that_waited_behind_one_not_seen_here_is_refused_by_its_stream(
-    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """As behind another replica's turn (PostgreSQL): the engine sees the conversation idle, so the
-    check rides the admission; the turn waits in line, ``start`` returns, and when its turn comes
-    the budget the turn ahead spent refuses it: its stream's only event is a TurnEnd with the
-    refusal (the call's refusal, before any TurnStart), no hook runs, nothing is stored."""
+async def _behind_one_not_seen_here(
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch, **budgets: Any
+) -> tuple[Any, Hooks, asyncio.Event, Any]:
+    """A turn running on ``CONV`` that the engine does not see (as another replica's, or a place
+    this process holds for a submission: ``_local_busy`` answers idle), held in its model call
+    until the returned event is set; the harness and its hooks."""
     from turnwire_server.engine.engine import TurnEngine
 
     hooks = Hooks()
     h = await make_engine(
-        scripts={"main": [LONG]},
-        middlewares=[hooks],
-        budgets=BudgetSettings.model_validate({"conversation": {"tokens": 1_000}}),
+        scripts={"main": [LONG]}, middlewares=[hooks], budgets=BudgetSettings.model_validate(budgets)
     )
     monkeypatch.setattr(TurnEngine, "_local_busy", lambda *_, **__: None)
     calling, release = asyncio.Event(), asyncio.Event()
@@ -167,9 +167,43 @@ async def test_a_turn_that_waited_behind_one_not_seen_here_is_refused_by_its_str
     h.provider.before_stream = held
     ahead = await h.start("first")
     await asyncio.wait_for(calling.wait(), 5)
-    behind = await h.start("second", request_id="behind", message_id="u-behind")
+    return h, hooks, release, ahead
+
+
+async def test_a_turn_waiting_behind_one_not_seen_here_is_refused_at_once(
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The turn ahead reserved the whole budget: the new turn, waiting in line behind it, is
+    refused by the engine's read before ``start`` returns, and nothing of it stays in line."""
+    h, hooks, release, ahead = await _behind_one_not_seen_here(
+        make_engine, monkeypatch, conversation={"tokens": 1_000}, assumed_max_output_tokens=10_000
+    )
     hooks.ran.clear()
-    release.set()
+    try:
+        with pytest.raises(BudgetRefused):
+            await h.start("second", request_id="behind", message_id="u-behind")
+        assert h.engine.running == 1  # the turn ahead only
+    finally:
+        release.set()
+    assert end_of(await collect(ahead)).status == event_pb2.TURN_STATUS_COMPLETED
+    assert hooks.ran == ["on_chat_response"]  # the turn ahead's
+    assert await h.store.get_turn("behind") is None
+
+
+async def test_a_turn_that_waited_behind_one_not_seen_here_is_refused_by_its_stream(
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The budget had room while the new turn waited; the turn ahead spent it. When its turn comes
+    the admission's own check refuses it: its stream's only event is a TurnEnd with the refusal
+    (the call's refusal, before any TurnStart), no hook runs, nothing is stored."""
+    h, hooks, release, ahead = await _behind_one_not_seen_here(
+        make_engine, monkeypatch, conversation={"tokens": 1_000}, assumed_max_output_tokens=100
+    )
+    try:
+        behind = await h.start("second", request_id="behind", message_id="u-behind")
+        hooks.ran.clear()
+    finally:
+        release.set()
     assert end_of(await collect(ahead)).status == event_pb2.TURN_STATUS_COMPLETED  # 1 100 of 1 000
     (event,) = await collect(behind)
     assert event.turn_end.status == event_pb2.TURN_STATUS_ERROR
@@ -178,3 +212,70 @@ async def test_a_turn_that_waited_behind_one_not_seen_here_is_refused_by_its_str
     assert hooks.ran == ["on_chat_response"]  # the turn ahead's
     assert await h.store.get_turn("behind") is None
     assert await h.store.get_stream("behind") is None
+
+
+async def _spent(make_engine: EngineFactory, **kwargs: Any) -> Any:
+    """A harness whose conversation ``CONV`` spent its 1 000 tokens (1 100: the one turn overspent)."""
+    h = await make_engine(
+        scripts={"main": [LONG]},
+        budgets=BudgetSettings.model_validate({"conversation": {"tokens": 1_000}}),
+        **kwargs,
+    )
+    assert end_of(await h.run("hi")).status == event_pb2.TURN_STATUS_COMPLETED
+    return h
+
+
+async def test_reject_on_a_line_this_process_holds_is_refused_by_the_budget_first(
+    make_engine: EngineFactory,
+) -> None:
+    """A place in the conversation's line (a pending submission's) makes REJECT refuse new input as
+    a turn in progress; a spent budget is said first, as when the check was a read before it."""
+    h = await _spent(make_engine)
+    await h.store.reserve_place(CONV, "sub-1", owner="", lease_seconds=30)
+    rejecting = dataclasses.replace(h.request("again"), concurrent_input="reject")
+    with pytest.raises(BudgetRefused):
+        await h.engine.start(rejecting)
+    await h.store.release_place(CONV, "sub-1")
+
+
+async def test_a_refused_turn_records_its_span_as_refused_on_either_path(make_engine: EngineFactory) -> None:
+    tracing, exporter = memory_tracing()
+    h = await _spent(make_engine, tracing=tracing)
+    with pytest.raises(BudgetRefused):  # the check rides the admission
+        await h.start("again")
+    interrupting = dataclasses.replace(h.request("again"), concurrent_input="interrupt")
+    with pytest.raises(BudgetRefused):  # the check is a read before the turn queues
+        await h.engine.start(interrupting)
+    turns = named(exporter.get_finished_spans(), "invoke_agent turnwire")
+    statuses = sorted(str((span.attributes or {})["turnwire.turn.status"]) for span in turns)
+    assert statuses == ["completed", "refused", "refused"]
+    for span in turns:
+        if (span.attributes or {})["turnwire.turn.status"] == "refused":
+            assert span.status.status_code == StatusCode.ERROR
+
+
+async def test_start_does_not_wait_for_the_hooks_of_a_turn_its_admission_failed(
+    make_engine: EngineFactory,
+) -> None:
+    """The input is refused by a rule of its own (another text under a stored message id): the
+    call's refusal comes from the stream's TurnEnd, and ``start`` returns as before, without
+    waiting for ``on_chat_error`` to run."""
+    release = asyncio.Event()
+
+    class SlowErrors(Middleware):
+        async def on_chat_error(self, ctx: ChatErrorContext) -> BaseException | str:
+            await release.wait()
+            return ctx.error
+
+    h = await make_engine(
+        scripts={"main": [LONG]},
+        middlewares=[SlowErrors()],
+        budgets=BudgetSettings.model_validate({"conversation": {"tokens": 100_000}}),
+    )
+    assert end_of(await h.run("hi", message_id="u-1")).status == event_pb2.TURN_STATUS_COMPLETED
+    try:
+        handle = await asyncio.wait_for(h.start("another text", message_id="u-1"), 5)
+    finally:
+        release.set()
+    (event,) = await collect(handle)
+    assert event.turn_end.error.code == code_pb2.ALREADY_EXISTS

@@ -43,7 +43,9 @@ __all__ = [
     "admission_charge",
     "admission_refusal",
     "budget_refusal",
+    "count_refusal",
     "refusing_budgets",
+    "spent_budget",
 ]
 
 _ESTIMATE = EstimateTokens()
@@ -134,25 +136,25 @@ def refusing_budgets(
 def budget_refusal(
     budget: BudgetLimits, spend: BudgetSpend, conversation_id: str, now: dt.datetime
 ) -> BudgetRefused:
-    """The refusal of a new turn on ``conversation_id`` by ``budget``, exhausted at ``spend``
-    (naming the budget, what ran out and when it resets), counted in
-    ``turnwire_budget_exhausted_total``."""
-    metrics.BUDGET_EXHAUSTED.labels(tenant_of_key(conversation_id), budget.key.scope).inc()
+    """The refusal of a new turn on ``conversation_id`` by ``budget``, exhausted at ``spend``:
+    naming the budget, what ran out and when it resets (not counted: :func:`count_refusal`)."""
     return BudgetRefused(
         budget.key.scope, exhausted_text(budget.tokens, budget.usd, spend), resets_in(budget.key, now)
     )
 
 
-async def admission_refusal(
+def count_refusal(refusal: BudgetRefused, conversation_id: str) -> None:
+    """Count ``refusal`` of a turn on ``conversation_id`` in ``turnwire_budget_exhausted_total``
+    (once per refused turn, by whoever refuses it)."""
+    metrics.BUDGET_EXHAUSTED.labels(tenant_of_key(conversation_id), refusal.budget).inc()
+
+
+async def spent_budget(
     store: BudgetStore, settings: BudgetSettings, conversation_id: str, principal: str, now: dt.datetime
 ) -> BudgetRefused | None:
-    """Why a new turn on ``conversation_id`` asked for by ``principal`` is refused before
-    anything is stored: its conversation's, tenant's or principal's budget exhausted (None:
-    admitted). One read, no lock, before the turn queues (the engine's check on a conversation
-    with a turn running here, or for new input that would stop one; else the check rides the
-    turn's admission, ``Store.admit_turn``'s ``refuse``). A turn admitted in a race with
-    another's last step meets the budget at its first step instead and ends with the same reason
-    (the charge, under the rows' locks, never lets it overspend)."""
+    """The refusal of a new turn on ``conversation_id`` asked for by ``principal`` by the first
+    of its conversation's, tenant's or principal's budgets that is exhausted (None: none is),
+    read now (one read, no lock); not counted."""
     budgets = refusing_budgets(settings, conversation_id, principal, now)
     if not budgets:
         return None
@@ -162,6 +164,22 @@ async def admission_refusal(
         if budget.exhausted_by(spend):
             return budget_refusal(budget, spend, conversation_id, now)
     return None
+
+
+async def admission_refusal(
+    store: BudgetStore, settings: BudgetSettings, conversation_id: str, principal: str, now: dt.datetime
+) -> BudgetRefused | None:
+    """Why a new turn on ``conversation_id`` asked for by ``principal`` is refused before
+    anything is stored: its conversation's, tenant's or principal's budget exhausted (None:
+    admitted; counted). One read, no lock, before the turn queues (the engine's check on a
+    conversation with a turn running here, or for new input that would stop one; else the check
+    rides the turn's admission, ``Store.admit_turn``'s ``refuse``). A turn admitted in a race
+    with another's last step meets the budget at its first step instead and ends with the same
+    reason (the charge, under the rows' locks, never lets it overspend)."""
+    refusal = await spent_budget(store, settings, conversation_id, principal, now)
+    if refusal is not None:
+        count_refusal(refusal, conversation_id)
+    return refusal
 
 
 def admission_charge(

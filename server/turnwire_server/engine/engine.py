@@ -22,11 +22,10 @@ from turnwire.hooks import ConcurrentInput
 from turnwire.tools import Tool
 from turnwire_client.v1 import event_pb2
 from turnwire_server.engine import metrics
-from turnwire_server.engine.budget_admission import admission_refusal
+from turnwire_server.engine.budget_gate import BudgetGate
 from turnwire_server.engine.channel import EventChannel
 from turnwire_server.engine.crash_recovery import recover_turn
 from turnwire_server.engine.errors import (
-    BudgetRefused,
     CancelledByShutdown,
     ConversationDeleted,
     NestedTurn,
@@ -122,6 +121,13 @@ class TurnEngine:
         #: The configured sub-agents (docs/subagents.md), set once they are built; a sub-agent's
         #: turn runs with its own middleware chain and tools.
         self.subagents: SubagentHomes | None = None
+        self.budget_gate = BudgetGate(
+            store,
+            settings,
+            providers,
+            tracing,
+            lambda conversation_id: self._local_busy(conversation_id, own_id="") is not None,
+        )
 
     @property
     def draining(self) -> bool:
@@ -207,23 +213,20 @@ class TurnEngine:
         check_budgets = (
             recovery is None and request.entry in _REFUSED_OVER_BUDGET and self.settings.budgets.enabled
         )
-        in_admission = check_budgets and self._checks_in_admission(request)
+        in_admission = check_budgets and self.budget_gate.rides_admission(request)
         try:
             if check_budgets and not in_admission:
-                refusal = await admission_refusal(
-                    self.store,
-                    self.settings.budgets,
-                    request.conversation_id,
-                    request.principal,
-                    dt.datetime.now(dt.UTC),
-                )
-                if refusal is not None:
-                    raise refusal
+                await self.budget_gate.refuse_if_spent(request)
             self._admit(request, parent_request_id, queue_limit=queue_limit)
             # A submission's strategy applies only when started at acceptance (Submissions.submit).
             if recovery is None and (request.entry != "submission" or request.concurrent_input is not None):
                 if not reserved:  # else its place was taken before its lock (see _apply_strategy)
-                    concurrent_input, reserved = await self._apply_strategy(request)
+                    try:
+                        concurrent_input, reserved = await self._apply_strategy(request)
+                    except TurnInProgress:
+                        if in_admission:  # a spent budget refuses first, as when checked before
+                            await self.budget_gate.refuse_if_spent(request)
+                        raise
                 if concurrent_input is not None and concurrent_input.strategy != "enqueue":
                     # It awaited the store: checked again, so nothing admitted meanwhile slips past.
                     self._admit(request, parent_request_id, queue_limit=queue_limit)
@@ -312,36 +315,8 @@ class TurnEngine:
         if request.subagent_path and self.subagents is not None:
             self.subagents.started(handle)
         if run.budget_check is not None:
-            await self._budget_checked(handle, run.budget_check)
+            await self.budget_gate.checked(handle, run.budget_check)
         return handle
-
-    def _checks_in_admission(self, request: TurnRequest) -> bool:
-        """Whether a new turn's budget check rides its admission (``Store.admit_turn``'s
-        ``refuse``: no read of its own) rather than a read before it queues: when no turn of its
-        conversation runs or waits here and its input would stop none (interrupt and rollback
-        stop the running turn before the new one is admitted), and its input is stored as it
-        takes the lock (a conditional continuation reads the history first)."""
-        strategy = request.concurrent_input or self.settings.limits.concurrent_input
-        return (
-            not request.skip_unless
-            and strategy not in ("interrupt", "rollback")
-            and self._local_busy(request.conversation_id, own_id="") is None
-        )
-
-    async def _budget_checked(self, handle: TurnHandle, check: asyncio.Future[BudgetRefused | None]) -> None:
-        """Wait for the budget check riding ``handle``'s admission (it answers once the input is
-        stored, or the turn waits in line, or it ended otherwise); raises its
-        :class:`BudgetRefused` once the refused turn has ended, so nothing of it is left
-        (docs/cost.md, "Budgets"). A caller cancelled meanwhile lets the turn go as a caller that
-        hangs up does (:meth:`TurnHandle.release`)."""
-        try:
-            refusal = await asyncio.shield(check)
-        except asyncio.CancelledError:
-            handle.release()
-            raise
-        if refusal is not None:
-            await asyncio.wait({handle.task})
-            raise refusal
 
     async def busy_turn(self, conversation_id: str, *, own_id: str = "") -> str | None:
         """The request id of a turn running or queued on ``conversation_id`` (the one holding its

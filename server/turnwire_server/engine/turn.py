@@ -34,10 +34,16 @@ from contextlib import AbstractAsyncContextManager
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.engine import metrics
-from turnwire_server.engine.budget_admission import admission_charge, budget_refusal, refusing_budgets
+from turnwire_server.engine.budget_admission import (
+    admission_charge,
+    budget_refusal,
+    count_refusal,
+    refusing_budgets,
+)
 from turnwire_server.engine.budget_scopes import applies
 from turnwire_server.engine.budgets import settle, step_budgets
 from turnwire_server.engine.errors import (
+    BudgetRefused,
     NothingToContinue,
     TurnFailure,
 )
@@ -85,12 +91,20 @@ class TurnRun(TurnAttempts):
                         await self._locked(admission)
                 except asyncio.CancelledError:
                     # Stopped while queued for the lock: nothing was stored.
-                    self.outcome = "aborted"
-                    self._not_stored("it was cancelled while it waited for the turn before it")
-                    await self._left_for_recovery()
+                    if isinstance(self._stop, BudgetRefused):  # refuse_queued
+                        self._refused(self._stop)
+                    else:
+                        self._checked()
+                        self.outcome = "aborted"
+                        self._not_stored("it was cancelled while it waited for the turn before it")
+                        await self._left_for_recovery()
                 except BudgetSpent as spent:  # the check riding the admission: nothing stored
-                    self._refused(spent)
+                    now = dt.datetime.now(dt.UTC)
+                    self._refused(
+                        budget_refusal(spent.budget, spent.spend, self.request.conversation_id, now)
+                    )
                 except Exception as error:  # the lock or the input's commit failed: nothing stored
+                    self._checked()  # start returns: the stream's TurnEnd says why
                     self.outcome = "error"
                     self.error = TurnFailure("persist", error)
                     await self._left_for_recovery()
@@ -104,14 +118,13 @@ class TurnRun(TurnAttempts):
             self.writer.close()
             self._count()
 
-    def _refused(self, spent: BudgetSpent) -> None:
-        """The admission found a budget the turn would run under spent: the turn is refused
-        (nothing was stored, no hook runs, it is not counted as a turn). The engine's ``start``
-        raises the refusal when it still waits for the check; else the stream's TurnEnd carries
-        it, as its first event (the call's refusal, as every refusal before TurnStart)."""
-        refusal = budget_refusal(
-            spent.budget, spent.spend, self.request.conversation_id, dt.datetime.now(dt.UTC)
-        )
+    def _refused(self, refusal: BudgetRefused) -> None:
+        """A budget the turn would run under is spent (found by its admission, or by the
+        engine's read while it waited in line): the turn is refused (nothing was stored, no hook
+        runs, it is not counted as a turn). The engine's ``start`` raises the refusal when it
+        still waits for the check; else the stream's TurnEnd carries it, as its first event (the
+        call's refusal, as every refusal before TurnStart)."""
+        count_refusal(refusal, self.request.conversation_id)
         self.outcome = "refused"
         self.error = refusal
         self.status_error = self._error_status(refusal, "persist")
@@ -195,7 +208,7 @@ class TurnRun(TurnAttempts):
         stop waits for the commit)."""
         self._phase = "queued" if waiting else "storing"
         if waiting:
-            self._checked()  # the engine's start returns: the check answers when its turn comes
+            self._checked("waiting")  # the engine's start reads the budgets meanwhile
         if waiting and self.state.cancelled.is_set():
             raise asyncio.CancelledError
 

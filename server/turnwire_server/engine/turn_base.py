@@ -54,6 +54,9 @@ from turnwire_server.store.records import TurnState as StoredTurnState
 
 log = logging.getLogger("turnwire.turn")
 
+BudgetCheck = BudgetRefused | Literal["admitted", "waiting"]
+"""How a new turn's budget check riding its admission came out (:attr:`TurnRunBase.budget_check`)."""
+
 
 _Phase = Literal["created", "queued", "storing", "running", "finishing", "after", "ended"]
 """Where a turn is. ``created``: its task has not run yet; ``queued``: waiting for the
@@ -114,10 +117,11 @@ class TurnRunBase:
     ) -> None:
         self.request = request
         #: With ``check_budgets``: the outcome of the new turn's budget check, which rides its
-        #: admission (``Store.admit_turn``'s ``refuse``; docs/cost.md, "Budgets"): the refusal,
-        #: or None once the turn was admitted, waits in line or ended otherwise (its stream tells
+        #: admission (``Store.admit_turn``'s ``refuse``; docs/cost.md, "Budgets"): the refusal;
+        #: ``waiting`` once the turn waits in line (the check answers when its turn comes);
+        #: ``admitted`` once its input is stored, or when it ended otherwise (its stream tells
         #: then). The engine's ``start`` waits for it.
-        self.budget_check: asyncio.Future[BudgetRefused | None] | None = (
+        self.budget_check: asyncio.Future[BudgetCheck] | None = (
             asyncio.get_running_loop().create_future() if check_budgets else None
         )
         self.first_in_line = first_in_line
@@ -306,11 +310,23 @@ class TurnRunBase:
             and self._stop is None
         )
 
-    def _checked(self, refusal: BudgetRefused | None = None) -> None:
-        """The budget check's outcome is known (:attr:`budget_check`): ``refusal`` or None."""
+    def _checked(self, outcome: BudgetCheck = "admitted") -> None:
+        """The budget check's outcome is known, or how far the admission got
+        (:attr:`budget_check`)."""
         check = self.budget_check
         if check is not None and not check.done():
-            check.set_result(refusal)
+            check.set_result(outcome)
+
+    def refuse_queued(self, refusal: BudgetRefused) -> bool:
+        """Refuse the turn with ``refusal`` while it still waits in line (nothing stored: it is
+        cancelled there, and ends refused, with no hook and not counted); False when it no longer
+        waits (its input is being stored, under the admission's own check, or it ended)."""
+        if self._phase != "queued" or self._task is None or self.state.cancelled.is_set():
+            return False
+        self._stop = refusal
+        self.state.cancelled.set()
+        self._task.cancel()
+        return True
 
     def _not_stored(self, why: str) -> None:
         """The turn ends before its input was stored: its TurnEnd says so (no TurnStart was sent).
