@@ -1,0 +1,115 @@
+"""What budgets (issue 37, docs/cost.md "Budgets") add to a request end to end: the server CPU of a
+real ``turnwire serve`` per Chat turn, budgets off against budgets on.
+
+``budget_cost.py`` runs the store programs and the engine's budget functions in process; this
+runs the whole server, so the engine's part around them is in (``TurnEngine.start`` waiting for
+the admission's answer, ``StepBudgets`` in the step loop, the settlement in the final write).
+Sidecars on one local upstream (``_upstream.py``, the official SDKs' wire), each SQLite in its
+own directory, demo tools off, no middleware (``ttft.py``'s sidecar), 4-delta answers:
+
+- **off**: no budget configured;
+- **tenant**: the tenant's day, in tokens and US dollars;
+- **all**: the turn's, the conversation's and the tenant's day, in tokens and US dollars.
+
+The models are priced in the config (a dollar budget needs a price). Each request is a Chat turn
+on a new conversation from a gRPC client in this process, sequential; blocks of ``--block``
+requests per arm, each on a sidecar process of its own (started for the block, warmed by 20
+turns), ``--rounds`` rounds, each round in another order of arms. A figure is the
+median over the blocks of the sidecar's CPU (``/proc``: every thread) per request; the added CPU
+of an arm is its figure minus off's, PASS when at most 0.3 ms (the allowance).
+
+    .venv/bin/python bench/budget_e2e.py [--rounds 12] [--block 50] [--api openai]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import ServerProcess
+from _ttft_clients import SidecarClient, Upstream, new_conversation_id, upstream_sidecar
+
+ALLOWANCE_US = 300.0
+MODEL = "burst-4"
+PRICES = "pricing:\n  models:\n" + "".join(
+    f"    {api}:{MODEL}: {{input_mtok: 3.0, output_mtok: 15.0}}\n" for api in ("openai", "anthropic")
+)
+BIG = "{tokens: 1000000000000, usd: 1000000000.0}"
+ARMS: dict[str, str] = {
+    "off": "",
+    "tenant": f"budgets:\n  tenant:\n    day: {BIG}\n",
+    "all": f"budgets:\n  turn: {BIG}\n  conversation: {BIG}\n  tenant:\n    day: {BIG}\n",
+}
+
+
+async def _block(server: ServerProcess, client: SidecarClient, model: str, requests: int) -> float:
+    """µs of the sidecar's CPU per request over ``requests`` sequential turns."""
+    before = server.cpu_seconds()
+    for _ in range(requests):
+        await client.turn(new_conversation_id(), model)
+    return (server.cpu_seconds() - before) / requests * 1e6
+
+
+async def _sidecar_block(
+    home: Path, upstream: Upstream, arm: str, model: str, args: argparse.Namespace
+) -> float:
+    """One block of ``arm`` on a sidecar of its own (a new process each block, so one process's
+    luck, its memory layout or its threads' placement, falls on every arm alike), after a warm-up
+    (connections, first calls, the estimates of a step sent)."""
+    home.mkdir()  # noqa: ASYNC240 (a bench's setup, outside the measured block)
+    server, _ = upstream_sidecar(home, upstream.url, model, PRICES + ARMS[arm], f"budget-{arm}")
+    await server.start(startup_seconds=600)
+    client = SidecarClient(server.target)
+    try:
+        await _block(server, client, model, 20)
+        return await _block(server, client, model, args.block)
+    finally:
+        await client.close()
+        server.stop()
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--block", type=int, default=50, help="requests per arm in a row")
+    parser.add_argument("--api", choices=("openai", "anthropic"), default="openai")
+    args = parser.parse_args()
+    model = f"{args.api}:{MODEL}"
+    upstream = Upstream()
+    samples: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    names = list(ARMS)
+    try:
+        with tempfile.TemporaryDirectory(prefix="turnwire-budget-e2e-") as tmp:
+            for r in range(args.rounds):
+                for arm in names[r % len(names) :] + names[: r % len(names)]:
+                    samples[arm].append(
+                        await _sidecar_block(Path(tmp) / f"{arm}-{r}", upstream, arm, model, args)
+                    )
+    finally:
+        upstream.close()
+    off = statistics.median(samples["off"])
+    print("| budgets | server CPU µs/request | added µs/request | ≤ 300 µs |")
+    print("|---|---|---|---|")
+    for arm in ARMS:
+        value = statistics.median(samples[arm])
+        if arm == "off":
+            print(f"| off | {value:,.0f} | – | – |")
+            continue
+        added = value - off
+        print(f"| {arm} | {value:,.0f} | {added:,.0f} | {'PASS' if added <= ALLOWANCE_US else 'MISS'} |")
+    print(
+        f"\n{args.api}, {MODEL} answers, a new conversation per request, sequential; medians of "
+        f"{args.rounds} interleaved blocks of {args.block} requests per arm; load average "
+        f"{os.getloadavg()[0]:.1f}"
+    )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
