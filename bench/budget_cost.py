@@ -22,7 +22,7 @@ run interleaved on the same stores:
   (before, there this arm was the folded one plus the estimate).
 
 - **read**: as admitted, with the engine's check that refuses a new turn on a spent budget a read
-  of its own before the turn queues (``admission_refusal``), as on a conversation busy in the
+  of its own before the turn queues (``spent_budget``), as on a conversation busy in the
   process and, before 2026-12-04's stop 54, on every one.
 
 Every arm is admitted by ``admit_turn`` (the engine's path), the turn's lock held to its end;
@@ -82,8 +82,8 @@ from turnwire_client.v1 import message_pb2
 from turnwire_server.engine.budget_admission import (
     FirstStepEstimates,
     admission_charge,
-    admission_refusal,
     refusing_budgets,
+    spent_budget,
 )
 from turnwire_server.engine.budget_settings import BudgetSettings
 from turnwire_server.engine.budgets import StepBudgets
@@ -198,7 +198,7 @@ async def _turn(
     user.parts.add().text.text = "q"
     refuse: tuple[BudgetLimits, ...] = ()
     if arm != "off" and read_check:  # the engine's check on a busy conversation (a read, no lock)
-        refused = await admission_refusal(store, budgets, turn.conversation_id, "", turn.start_time)
+        refused = await spent_budget(store, budgets, turn.conversation_id, "", turn.start_time)
         assert refused is None, refused
     elif arm != "off":  # on an idle one: it rides the admission
         refuse = refusing_budgets(budgets, turn.conversation_id, "", turn.start_time)

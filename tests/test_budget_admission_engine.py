@@ -86,6 +86,21 @@ async def test_a_refusal_riding_the_admission_leaves_nothing_of_the_turn(make_en
     assert h.provider.calls == 1
 
 
+async def _held_in_its_model_call(h: Any) -> tuple[Any, asyncio.Event]:
+    """A turn ``first`` started on ``CONV`` and held in its model call (the lock held, its
+    reservation taken) until the returned event is set."""
+    calling, release = asyncio.Event(), asyncio.Event()
+
+    async def held(_: Any) -> None:
+        calling.set()
+        await release.wait()
+
+    h.provider.before_stream = held
+    running = await h.start("first")
+    await asyncio.wait_for(calling.wait(), 5)
+    return running, release
+
+
 async def test_on_a_busy_conversation_the_refusal_does_not_wait_for_the_running_turn(
     make_engine: EngineFactory,
 ) -> None:
@@ -97,15 +112,7 @@ async def test_on_a_busy_conversation_the_refusal_does_not_wait_for_the_running_
             {"conversation": {"tokens": 1_000}, "assumed_max_output_tokens": 10_000}
         ),
     )
-    calling, release = asyncio.Event(), asyncio.Event()
-
-    async def held(_: Any) -> None:
-        calling.set()
-        await release.wait()
-
-    h.provider.before_stream = held
-    running = await h.start("first")
-    await asyncio.wait_for(calling.wait(), 5)
+    running, release = await _held_in_its_model_call(h)
     with pytest.raises(BudgetRefused) as refused:
         await h.start("second")
     assert refused.value.budget == "conversation"
@@ -158,15 +165,7 @@ async def _behind_one_not_seen_here(
         scripts={"main": [LONG]}, middlewares=[hooks], budgets=BudgetSettings.model_validate(budgets)
     )
     monkeypatch.setattr(TurnEngine, "_local_busy", lambda *_, **__: None)
-    calling, release = asyncio.Event(), asyncio.Event()
-
-    async def held(_: Any) -> None:
-        calling.set()
-        await release.wait()
-
-    h.provider.before_stream = held
-    ahead = await h.start("first")
-    await asyncio.wait_for(calling.wait(), 5)
+    ahead, release = await _held_in_its_model_call(h)
     return h, hooks, release, ahead
 
 

@@ -1,6 +1,6 @@
 """Budgets at a new turn's admission (docs/cost.md, "Budgets"): the check that refuses a turn
-on a spent conversation, tenant or principal before anything is stored
-(:func:`admission_refusal`), and the first reservation in the transaction that admits it
+on a spent conversation, tenant or principal before anything is stored (:func:`spent_budget`, or
+riding the admission), and the first reservation in the transaction that admits it
 (:func:`admission_charge`; docs/cost.md, "What it costs per request").
 
 A step reserves its prompt's estimate plus its output before it is sent (:mod:`.budgets`); for a
@@ -41,7 +41,6 @@ from turnwire_server.tenant_keys import tenant_of_key
 __all__ = [
     "FirstStepEstimates",
     "admission_charge",
-    "admission_refusal",
     "budget_refusal",
     "count_refusal",
     "refusing_budgets",
@@ -154,7 +153,12 @@ async def spent_budget(
 ) -> BudgetRefused | None:
     """The refusal of a new turn on ``conversation_id`` asked for by ``principal`` by the first
     of its conversation's, tenant's or principal's budgets that is exhausted (None: none is),
-    read now (one read, no lock); not counted."""
+    read now (one read, no lock; not counted: :func:`count_refusal`). The engine's check on a
+    conversation with a turn running here, for new input that would stop one, and for a turn
+    waiting in line; else the check rides the turn's admission (``Store.admit_turn``'s
+    ``refuse``). A turn admitted in a race with another's last step meets the budget at its
+    first step instead and ends with the same reason (the charge, under the rows' locks, never
+    lets it overspend)."""
     budgets = refusing_budgets(settings, conversation_id, principal, now)
     if not budgets:
         return None
@@ -164,22 +168,6 @@ async def spent_budget(
         if budget.exhausted_by(spend):
             return budget_refusal(budget, spend, conversation_id, now)
     return None
-
-
-async def admission_refusal(
-    store: BudgetStore, settings: BudgetSettings, conversation_id: str, principal: str, now: dt.datetime
-) -> BudgetRefused | None:
-    """Why a new turn on ``conversation_id`` asked for by ``principal`` is refused before
-    anything is stored: its conversation's, tenant's or principal's budget exhausted (None:
-    admitted; counted). One read, no lock, before the turn queues (the engine's check on a
-    conversation with a turn running here, or for new input that would stop one; else the check
-    rides the turn's admission, ``Store.admit_turn``'s ``refuse``). A turn admitted in a race
-    with another's last step meets the budget at its first step instead and ends with the same
-    reason (the charge, under the rows' locks, never lets it overspend)."""
-    refusal = await spent_budget(store, settings, conversation_id, principal, now)
-    if refusal is not None:
-        count_refusal(refusal, conversation_id)
-    return refusal
 
 
 def admission_charge(

@@ -16,7 +16,7 @@ import datetime as dt
 from collections.abc import Callable
 
 from turnwire.types import Usage
-from turnwire_server.engine.budget_admission import admission_refusal, spent_budget
+from turnwire_server.engine.budget_admission import count_refusal, spent_budget
 from turnwire_server.engine.errors import BudgetRefused
 from turnwire_server.engine.request import TurnRequest
 from turnwire_server.engine.settings import EngineSettings
@@ -59,18 +59,23 @@ class BudgetGate:
             and not self._busy(request.conversation_id)
         )
 
-    async def refuse_if_spent(self, request: TurnRequest) -> None:
-        """The check as a read of its own (:func:`admission_refusal`): raises its
-        :class:`BudgetRefused`, the turn's span recorded as refused when tracing is on."""
-        refusal = await admission_refusal(
+    async def _spent(self, request: TurnRequest) -> BudgetRefused | None:
+        """The check as a read (:func:`spent_budget`): the refusal, not counted yet."""
+        return await spent_budget(
             self._store,
             self._settings.budgets,
             request.conversation_id,
             request.principal,
             dt.datetime.now(dt.UTC),
         )
+
+    async def refuse_if_spent(self, request: TurnRequest) -> None:
+        """The check as a read of its own, before the turn queues: raises its
+        :class:`BudgetRefused` (counted), the turn's span recorded as refused when tracing is on."""
+        refusal = await self._spent(request)
         if refusal is None:
             return
+        count_refusal(refusal, request.conversation_id)
         tracing = self._tracing
         if tracing.enabled:
             with tracing.turn(request, self._providers.resolve(request.model)[0], attempt=1) as span:
@@ -87,17 +92,11 @@ class BudgetGate:
         admission's own check decides, and its stream tells. A caller cancelled meanwhile lets
         the turn go as a caller that hangs up does (:meth:`TurnHandle.release`: cancelled, or
         left running when its request asked to continue without its caller)."""
-        run, request = handle.run, handle.run.request
+        run = handle.run
         try:
             outcome = await asyncio.shield(check)
             if outcome == "waiting":
-                refusal = await spent_budget(
-                    self._store,
-                    self._settings.budgets,
-                    request.conversation_id,
-                    request.principal,
-                    dt.datetime.now(dt.UTC),
-                )
+                refusal = await self._spent(run.request)
                 outcome = refusal if refusal is not None and run.refuse_queued(refusal) else "admitted"
         except asyncio.CancelledError:
             handle.release()
