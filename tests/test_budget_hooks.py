@@ -139,6 +139,43 @@ async def test_hooks_see_the_budget_states_the_store_holds(make_engine: EngineFa
     assert tenant.period == dt.datetime.now(dt.UTC).strftime("%Y-%m-%d") and tenant.resets_at == midnight
 
 
+class SeesOneHook(Middleware):
+    """Implements only ``hook`` (one whose context carries budget states) and keeps what each
+    call saw: its own states, and (``before_step``) those of the steps before it."""
+
+    def __init__(self, hook: str) -> None:
+        self.hook = hook
+        self.seen: list[tuple[Sequence[BudgetState], ...]] = []
+        setattr(self, hook, self._keep)
+
+    def implemented_hooks(self) -> frozenset[str]:
+        return frozenset({self.hook})
+
+    async def _keep(self, ctx: Any) -> None:
+        steps = tuple(step.budgets for step in getattr(ctx, "steps", ()))
+        self.seen.append((ctx.budgets, *steps))
+
+
+@pytest.mark.parametrize("hook", ["before_step", "on_step_finish", "on_chat_response"])
+async def test_each_hook_that_carries_budgets_sees_them_alone(make_engine: EngineFactory, hook: str) -> None:
+    # The engine builds budget states only when a hook's context carries them: a chain with
+    # any one of those hooks (before_step sees its steps' states too) gets them all.
+    only = SeesOneHook(hook)
+    h = await make_engine(
+        scripts={"main": STEPS},
+        tools=[make_tool("echo", echo)],
+        middlewares=[only],
+        prices=PRICED,
+        budgets=BUDGETS,
+    )
+    assert end_of(await h.run("hi")).status == event_pb2.TURN_STATUS_COMPLETED
+    assert only.seen, hook
+    last = only.seen[-1]
+    assert all(len(states) == 2 for states in last), (hook, last)  # the turn's and the tenant's day
+    if hook == "before_step":
+        assert len(last) == 2 and last[1][0].spent == 0 < last[1][0].reserved  # step 1's, at its finish
+
+
 async def test_without_a_budget_hooks_see_none(make_engine: EngineFactory) -> None:
     budgets = Budgets()
     h = await make_engine(scripts={"main": STEPS}, tools=[make_tool("echo", echo)], middlewares=[budgets])

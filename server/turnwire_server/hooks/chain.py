@@ -54,6 +54,8 @@ _FIELDWISE = frozenset({"model_settings", "timeout"})
 _SHALLOW_MERGED = frozenset({"headers", "provider_options"})
 # A step's budget only ever lowers (docs/cost.md, "Budgets in hooks"): the lowest set wins.
 _LOWEST = frozenset({"max_step_tokens", "max_step_usd"})
+# The hooks whose contexts carry budget states (docs/cost.md, "Budgets in hooks").
+_BUDGET_HOOKS = ("before_step", "on_step_finish", "on_chat_response")
 
 _Config = TypeVar("_Config", TurnConfig, StepConfig, ModelSettings)
 _Ctx = TypeVar("_Ctx", TurnContext, StepContext)
@@ -157,6 +159,10 @@ class MiddlewareChain:
         #: True when some middleware implements ``on_chunk``; the engine skips
         #: building chunk contexts entirely otherwise.
         self.observes_chunks = bool(self.forward["on_chunk"])
+        #: True when some middleware implements a hook whose context carries budget states
+        #: (``StepContext``: its own and its steps', ``StepFinishContext``,
+        #: ``ChatResponseContext``); the engine builds none otherwise.
+        self.sees_budgets = any(self.forward[hook] for hook in _BUDGET_HOOKS)
 
     def for_turn(self, timeline: HookTimeline | None = None, spans: HookSpans | None = None) -> TurnHooks:
         """The hooks as one turn calls them, recording into ``timeline`` when given, each call in a
@@ -230,6 +236,11 @@ class TurnHooks:
     def observes_chunks(self) -> bool:
         """True when some middleware implements ``on_chunk``."""
         return self._chain.observes_chunks
+
+    @property
+    def sees_budgets(self) -> bool:
+        """True when some middleware implements a hook whose context carries budget states."""
+        return self._chain.sees_budgets
 
     def runs(self, hook: str) -> bool:
         """True when some middleware implements ``hook`` (one of ``HOOK_NAMES``)."""

@@ -6,14 +6,16 @@ A charge with an ask is one transaction of two batches, of two statements each (
 the writes fold into one). The first reads the turn's fencing token (its row locked, as
 :mod:`.fencing` does) with its stored reservations, or only the reservations when the charge
 rides a turn write that read and locked the token already (``fenced``); and takes the budget
-rows: the charged ones and those of the turn's reservations, in key order, created at zero when
-missing and locked by one upsert that returns them (``INSERT … ON CONFLICT DO UPDATE …
-RETURNING``: on PostgreSQL the update locks the row, an existing one or one a racing charge just
-created, and returns its latest committed state), so charges racing from several replicas for
-one budget take turns on its row and each sees the other's reservation (SQLite applies writes one
-at a time). The second batch writes the turn's reservations in place (an upsert; a reservation of
+rows: the charged ones and those of the turn's reservations. On PostgreSQL they are taken in key
+order, created at zero when missing and locked by one upsert that returns them (``INSERT … ON
+CONFLICT DO UPDATE … RETURNING``: the update locks the row, an existing one or one a racing
+charge just created, and returns its latest committed state), so charges racing from several
+replicas for one budget take turns on its row and each sees the other's reservation. SQLite
+applies writes one at a time under the database's write lock: there the rows are read (a missing
+one is at zero), at about half the cost of the upsert, with the turn's row (whether it is
+recorded). The second batch writes the turn's reservations in place (an upsert; a reservation of
 a budget no longer charged deleted) and the budget rows back, settled by
-:func:`~.budget_rules.settle`.
+:func:`~.budget_rules.settle`, in one upsert that creates a row read missing.
 
 A charge without an ask (the turn's last settlement, riding its final write; a lost attempt's)
 has nothing to decide: one batch (after the token's read when not ``fenced``; on PostgreSQL
@@ -52,6 +54,7 @@ T = TypeVar("T", int, float)
 
 _KEY: Final = "scope = ? AND scope_key = ? AND period = ?"
 _ZERO: Final = BudgetSpend()
+_ZERO_ROW: Final = (0, 0.0, 0, 0.0, None, None)  # a budget row never charged: spends, limits
 _SPEND_COLUMNS: Final = "spent_tokens, spent_usd, reserved_tokens, reserved_usd"
 _TOKEN_AND_RESERVATIONS: Final = (
     # The turn's fencing token (its row locked, as fencing.lease_read's) and its reservations in
@@ -85,17 +88,22 @@ _OTHER_RESERVED: Final = (
     " CASE WHEN scope IN ('turn', 'conversation') THEN conversation_id END AS column4"
     " FROM budget_reservations WHERE request_id = ?"
 )
+_READ_ROWS: Final = (
+    # Where one writer applies writes in turn: the charged rows (an OR of keys, which SQLite
+    # answers by the primary key, one lookup each) and those of the turn's other reservations.
+    f"SELECT scope, scope_key, period, {_SPEND_COLUMNS}, limit_tokens, limit_usd FROM budget_spend"
+    " WHERE {keys}(scope, scope_key, period) IN"
+    " (SELECT scope, scope_key, period FROM budget_reservations WHERE request_id = ?)"
+)
 _ROW_MARKS: Final = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-_UPDATE_ROWS: Final = (
-    # VALUES columns are column1 … in both dialects; the casts type a column of NULLs alike.
-    "UPDATE budget_spend SET spent_tokens = CAST(v.column4 AS BIGINT),"
-    " spent_usd = CAST(v.column5 AS DOUBLE PRECISION), reserved_tokens = CAST(v.column6 AS BIGINT),"
-    " reserved_usd = CAST(v.column7 AS DOUBLE PRECISION),"
-    " limit_tokens = CASE WHEN v.column8 THEN CAST(v.column9 AS BIGINT) ELSE limit_tokens END,"
-    " limit_usd = CASE WHEN v.column8 THEN CAST(v.column10 AS DOUBLE PRECISION) ELSE limit_usd END"
-    " FROM (VALUES {values}) AS v"
-    " WHERE budget_spend.scope = v.column1 AND budget_spend.scope_key = v.column2"
-    " AND budget_spend.period = v.column3"
+_PUT_ROWS: Final = (
+    # An upsert: the rows exist where they were taken (PostgreSQL), may not where they were read.
+    "INSERT INTO budget_spend (scope, scope_key, period, conversation_id, spent_tokens, spent_usd,"
+    " reserved_tokens, reserved_usd, limit_tokens, limit_usd) VALUES {values}"
+    " ON CONFLICT (scope, scope_key, period) DO UPDATE SET spent_tokens = excluded.spent_tokens,"
+    " spent_usd = excluded.spent_usd, reserved_tokens = excluded.reserved_tokens,"
+    " reserved_usd = excluded.reserved_usd, limit_tokens = excluded.limit_tokens,"
+    " limit_usd = excluded.limit_usd"
 )
 _SETTLE: Final = (
     # budget_rules.settle in SQL, for a charge without an ask (tested for agreement with it): each
@@ -202,32 +210,47 @@ def charge_budget(
         return (yield from _settled(charge, dialect, fenced=fenced))
     keys = sorted({budget.key for budget in charge.budgets})
     owners = {budget.key: budget.conversation_id for budget in charge.budgets}
-    if fenced:
+    # Where one writer applies writes in turn (SQLite: no row locks), the rows are read, not
+    # taken: the transaction holds the database's write lock, and the write creates a missing
+    # row. The turn's row is read then (unless this transaction writes it) to tell whether it
+    # is recorded, as the take's guard does where rows are taken.
+    taking = bool(dialect.lock_rows)
+    if admitting or (fenced and taking):
         first = Statement(_RESERVATIONS, (charge.request_id,), fetch=True)
     else:
-        lock = f"{dialect.lock_rows} OF t" if dialect.lock_rows else ""
+        lock = f"{dialect.lock_rows} OF t" if taking and not fenced else ""
         first = Statement(_TOKEN_AND_RESERVATIONS + lock, (charge.request_id,), fetch=True)
-    params: list[Any] = [value for k in keys for value in (*k, owners[k])]
-    params.append(charge.request_id)
-    params.extend(value for k in keys for value in k)
-    if not admitting:
+    if taking:
+        params: list[Any] = [value for k in keys for value in (*k, owners[k])]
         params.append(charge.request_id)
-    found = yield [first, Statement(_take_rows(len(keys), not admitting), params, fetch=True)]
+        params.extend(value for k in keys for value in k)
+        if not admitting:
+            params.append(charge.request_id)
+        second = Statement(_take_rows(len(keys), not admitting), params, fetch=True)
+    else:
+        params = [value for k in keys for value in k]
+        params.append(charge.request_id)
+        second = Statement(_read_rows(len(keys)), params, fetch=True)
+    found = yield [first, second]
     if not fenced and not holds_lease([row[:2] for row in found[0][:1]], charge.lease):
         return BudgetGrant(output_tokens=ask.max_output)
     rows = {BudgetKey(*row[:3]): row[3:] for row in found[1]}
-    if fenced and len(rows) < len(keys):  # no row created: the turn is not recorded
+    # Still recorded: the take's guard created every row, or the turn's row was read.
+    recorded = (not fenced or len(rows) == len(keys)) if taking else (admitting or bool(found[0]))
+    if not recorded:
         return BudgetGrant(output_tokens=ask.max_output)
     reservations = [
         Reservation(BudgetKey(scope, key, period), int(epoch), int(tokens), float(usd))
         for _, _, scope, key, period, epoch, tokens, usd in found[0]
         if scope is not None
     ]
-    budgets = tuple(kept_limits(budget, *rows[budget.key][4:6]) for budget in charge.budgets)
+    budgets = tuple(kept_limits(budget, *rows.get(budget.key, _ZERO_ROW)[4:6]) for budget in charge.budgets)
     epoch = charge.lease.epoch if charge.lease is not None else 0
     spends = settle(
         {k: _spend(row) for k, row in rows.items()}, reservations, epoch=epoch, spent=charge.spent
     )
+    for key in keys:  # a row read missing is at zero (the write creates it)
+        spends.setdefault(key, _ZERO)
     _refused(refuse, spends)
     grant = BudgetGrant()
     writes: list[Statement] = []
@@ -261,16 +284,22 @@ def charge_budget(
     elif stale:  # a reservation of a budget this step does not charge (a past period's)
         writes.append(Statement(_unreserve(len(stale)), [charge.request_id, *(v for k in stale for v in k)]))
     limits = {budget.key: (budget.tokens, budget.usd) for budget in budgets}
-    # Every row back in one statement (a row a past period's reservation settled keeps its limits).
+    # Every row back in one statement, created where missing (a row a past period's reservation
+    # settled keeps its stored limits; its owner is the turn's conversation when its scope is).
     changed = sorted(spends)
     if changed:
         writes.append(
             Statement(
-                _update_rows(len(changed)),
+                _put_rows(len(changed)),
                 [
                     value
                     for k in changed
-                    for value in (*k, *_columns(spends[k]), k in limits, *limits.get(k, (None, None)))
+                    for value in (
+                        *k,
+                        owners[k] if k in owners else _owner(k, charge.conversation_id),
+                        *_columns(spends[k]),
+                        *(limits[k] if k in limits else rows.get(k, _ZERO_ROW)[4:6]),
+                    )
                 ],
             )
         )
@@ -337,7 +366,7 @@ def _settled(charge: BudgetCharge, dialect: Dialect, *, fenced: bool) -> Program
         turn, more = yield [recorded, states]
         if not turn:  # its conversation was deleted: nothing was charged
             return BudgetGrant()
-        rows.update({k: (0, 0.0, 0, 0.0, None, None) for k in missing})
+        rows.update({k: _ZERO_ROW for k in missing})
         rows.update({BudgetKey(*row[:3]): row[3:] for row in more})
     budgets = tuple(kept_limits(budget, *rows[budget.key][4:6]) for budget in charge.budgets)
     return BudgetGrant(spends={k: _spend(row) for k, row in rows.items()}, budgets=budgets)
@@ -397,8 +426,18 @@ def _unreserve(count: int) -> str:
 
 
 @functools.lru_cache(maxsize=32)
-def _update_rows(count: int) -> str:
-    return _UPDATE_ROWS.format(values=", ".join([_ROW_MARKS] * count))
+def _read_rows(count: int) -> str:
+    return _READ_ROWS.format(keys=f"({_KEY}) OR " * count)
+
+
+@functools.lru_cache(maxsize=32)
+def _put_rows(count: int) -> str:
+    return _PUT_ROWS.format(values=", ".join([_ROW_MARKS] * count))
+
+
+def _owner(key: BudgetKey, conversation_id: str) -> str | None:
+    # The conversation a budget row belongs to (deleted with it): a turn's or a conversation's.
+    return conversation_id if key.scope in ("turn", "conversation") else None
 
 
 def _columns(state: BudgetSpend) -> tuple[int, float, int, float]:
