@@ -370,8 +370,55 @@ async def test_a_database_of_the_previous_schema_is_migrated_with_its_data_kept(
     finally:
         await store.close()
     assert [v for (v,) in _raw(path, "SELECT version FROM schema_migrations ORDER BY version")] == list(
-        range(1, 15)
+        range(1, 16)
     )
+
+
+async def test_the_lean_reservations_migration_keeps_a_running_turns_reservation(tmp_path: Path) -> None:
+    """Migration 0015 rebuilds ``budget_reservations`` clustered on its key, without the index by
+    conversation: a reservation stored at schema 14 is there after it, and is settled once, at
+    what it reserved (a lost attempt's), by the charge that settles it."""
+    from turnwire_server.store.records import BudgetCharge, BudgetKey, BudgetSpend
+    from turnwire_server.store.sqlite.migrations import apply_migrations, load_migrations
+
+    path = tmp_path / "schema14.db"
+    tenant = ("tenant/day", "", "2026-12-05")
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        apply_migrations(conn, load_migrations()[:14], path, lambda: 1)
+        conn.execute(
+            "INSERT INTO conversations (id, create_time, update_time, message_count) VALUES ('c1', 1, 1, 0)"
+        )
+        conn.execute(
+            "INSERT INTO turns (request_id, conversation_id, assistant_message_id, continuation, model,"
+            " state, start_time, recovery_count)"
+            " VALUES ('r1', 'c1', 'tw-a-r1', 0, 'm', 'running', 1, 0)"
+        )
+        conn.execute(
+            "INSERT INTO budget_spend (scope, scope_key, period, reserved_tokens, reserved_usd)"
+            " VALUES (?, ?, ?, 700, 0.25)",
+            tenant,
+        )
+        conn.execute("INSERT INTO budget_reservations VALUES ('r1', ?, ?, ?, 'c1', 1, 700, 0.25)", tenant)
+    finally:
+        conn.close()
+    store = SqliteStore(path)
+    await store.open()
+    try:
+        (table,) = _raw(path, "SELECT sql FROM sqlite_master WHERE name = 'budget_reservations'")[0]
+        assert "WITHOUT ROWID" in table
+        assert not _raw(
+            path,
+            "SELECT 1 FROM sqlite_master WHERE type = 'index' AND tbl_name = 'budget_reservations'"
+            " AND sql IS NOT NULL",
+        )
+        assert _raw(path, "SELECT request_id, tokens, usd FROM budget_reservations") == [("r1", 700, 0.25)]
+        grant = await store.charge_budget(BudgetCharge("r1", "c1", None, ()))
+        assert grant.spends[BudgetKey(*tenant)] == BudgetSpend(700, 0.25, 0, 0.0)
+        assert _raw(path, "SELECT 1 FROM budget_reservations") == []
+        assert await store.delete_conversation("c1")
+    finally:
+        await store.close()
 
 
 @pytest.mark.parametrize("read_only", ["file", "folder"])
