@@ -325,6 +325,19 @@ def test_open_store_rejects_other_urls(url: str) -> None:
         open_store(url)
 
 
+def _running_turn_at_an_old_schema(conn: sqlite3.Connection, request_id: str) -> None:
+    """Conversation ``c1`` and its turn ``request_id``, running, in the columns of schema 3 (every
+    later migration's columns have defaults)."""
+    conn.execute(
+        "INSERT INTO conversations (id, create_time, update_time, message_count) VALUES ('c1', 1, 1, 0)"
+    )
+    conn.execute(
+        "INSERT INTO turns (request_id, conversation_id, assistant_message_id, continuation, model,"
+        " state, start_time, recovery_count) VALUES (?, 'c1', ?, 0, 'm', 'running', 1, 0)",
+        (request_id, f"tw-a-{request_id}"),
+    )
+
+
 async def test_a_database_of_the_previous_schema_is_migrated_with_its_data_kept(tmp_path: Path) -> None:
     """Upgrading: a file at schema 3 (an earlier release) gets migrations 4 to 8 at open; its rows
     are read back (messages from before 6 by the first, whole read, then deltas), its running turn
@@ -335,14 +348,7 @@ async def test_a_database_of_the_previous_schema_is_migrated_with_its_data_kept(
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         apply_migrations(conn, load_migrations()[:3], path, lambda: 1)
-        conn.execute(
-            "INSERT INTO conversations (id, create_time, update_time, message_count) VALUES ('c1', 1, 1, 0)"
-        )
-        conn.execute(
-            "INSERT INTO turns (request_id, conversation_id, assistant_message_id, continuation, model,"
-            " state, start_time, recovery_count)"
-            " VALUES ('r-old', 'c1', 'tw-a-r-old', 0, 'm', 'running', 1, 0)"
-        )
+        _running_turn_at_an_old_schema(conn, "r-old")
         conn.execute("INSERT INTO messages (conversation_id, id, seq, role) VALUES ('c1', 'u-old', 1, 1)")
         part = message_pb2.Part()
         part.text.text = "old"
@@ -386,14 +392,7 @@ async def test_the_lean_reservations_migration_keeps_a_running_turns_reservation
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         apply_migrations(conn, load_migrations()[:14], path, lambda: 1)
-        conn.execute(
-            "INSERT INTO conversations (id, create_time, update_time, message_count) VALUES ('c1', 1, 1, 0)"
-        )
-        conn.execute(
-            "INSERT INTO turns (request_id, conversation_id, assistant_message_id, continuation, model,"
-            " state, start_time, recovery_count)"
-            " VALUES ('r1', 'c1', 'tw-a-r1', 0, 'm', 'running', 1, 0)"
-        )
+        _running_turn_at_an_old_schema(conn, "r1")
         conn.execute(
             "INSERT INTO budget_spend (scope, scope_key, period, reserved_tokens, reserved_usd)"
             " VALUES (?, ?, ?, 700, 0.25)",
