@@ -126,7 +126,7 @@ class StepBudgets:
     one rides the step's checkpoint (``reserve``'s ``checkpoint``), and the last settlement the
     turn's final write (:meth:`final_charge`, else :meth:`close` on its own). ``estimates`` learns
     from each step sent (:class:`~.budget_admission.FirstStepEstimates`). :meth:`states` is what
-    the last charge left in the store, for the hooks (``seen``: some hook's context carries
+    the last charge left in the store, for the hooks (``for_hooks``: some hook's context carries
     them, ``TurnHooks.sees_budgets``; else none are built)."""
 
     def __init__(
@@ -143,7 +143,7 @@ class StepBudgets:
         principal: str = "",
         admitted: BudgetGrant | None = None,
         estimates: FirstStepEstimates | None = None,
-        seen: bool = True,
+        for_hooks: bool = True,
     ) -> None:
         self.store = store
         self.settings = settings
@@ -164,7 +164,7 @@ class StepBudgets:
         self._seen: tuple[tuple[BudgetLimits, ...], dict[BudgetKey, BudgetSpend]] | None = None
         self._final: BudgetCharge | None = None  # the final write's settlement, once asked for
         self._estimates = estimates
-        self._seen_by_hooks = seen
+        self._for_hooks = for_hooks
         self._scoped: tuple[dt.date, tuple[BudgetLimits, ...]] | None = None  # _budgets' last answer
         self._admitted: BudgetGrant | None = None  # the admission's reservation, until a step takes it
         if admitted is not None:
@@ -290,9 +290,9 @@ class StepBudgets:
 
     def states(self) -> tuple[BudgetState, ...]:
         """The turn's budgets as this attempt's last charge left them in the store (empty before
-        its first charge, or when no hook sees them: ``seen``): what ``on_step_finish`` and
+        its first charge, or when no hook sees them: ``for_hooks``): what ``on_step_finish`` and
         ``on_chat_response`` see."""
-        if self._seen is None or not self._seen_by_hooks:
+        if self._seen is None or not self._for_hooks:
             return ()
         budgets, spends = self._seen
         return budget_states(budgets, spends, dt.datetime.now(dt.UTC))
@@ -420,7 +420,7 @@ def step_budgets(
         principal=request.principal,
         admitted=admitted,
         estimates=settings.first_steps,
-        seen=state.hooks.sees_budgets,
+        for_hooks=state.hooks.sees_budgets,
     )
 
 
