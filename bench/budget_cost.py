@@ -196,13 +196,8 @@ async def _turn(
     )
     user = message_pb2.Message(id=f"{arm}-u{n}", role=message_pb2.ROLE_USER)
     user.parts.add().text.text = "q"
-    refuse: tuple[BudgetLimits, ...] = ()
-    if arm != "off" and read_check:  # the engine's check on a busy conversation (a read, no lock)
-        refused = await spent_budget(store, budgets, turn.conversation_id, "", turn.start_time)
-        assert refused is None, refused
-    elif arm != "off":  # on an idle one: it rides the admission
-        refuse = refusing_budgets(budgets, turn.conversation_id, "", turn.start_time)
     first = None
+    charged_at = dt.datetime.now(dt.UTC)
     if arm == "admitted" and carried:
         asked = TurnRequest(
             conversation_id=turn.conversation_id,
@@ -213,13 +208,28 @@ async def _turn(
             continuation=False,
             response_type=object,
         )
-        first = admission_charge(
-            budgets, ESTIMATES, asked, turn.lease, rates=RATES, now=dt.datetime.now(dt.UTC)
-        )
+        first = admission_charge(budgets, ESTIMATES, asked, turn.lease, rates=RATES, now=charged_at)
+    refuse: tuple[BudgetLimits, ...] = ()
+    if arm != "off" and read_check:  # the engine's check on a busy conversation (a read, no lock)
+        refused = await spent_budget(store, budgets, turn.conversation_id, "", turn.start_time)
+        assert refused is None, refused
+    elif first is not None:  # on an idle one it rides the admission: its charge's budgets, as the engine's
+        refuse = tuple(limits for limits in first.budgets if limits.key.scope != "turn")
+    elif arm != "off":
+        refuse = refusing_budgets(budgets, turn.conversation_id, "", turn.start_time)
     async with store.admit_turn(
         turn, [user], lease_seconds=30, read_compaction=False, queued=_ignored, budget=first, refuse=refuse
     ) as admission:
-        await _steps(store, arm, steps, request, turn, admitted=admission.budget, limits=budgets)
+        await _steps(
+            store,
+            arm,
+            steps,
+            request,
+            turn,
+            admitted=admission.budget,
+            admitted_at=charged_at,
+            limits=budgets,
+        )
 
 
 def _served(arm: str, n: int, request: ModelRequest) -> None:
@@ -254,6 +264,7 @@ async def _steps(
     turn: TurnRecord,
     *,
     admitted: BudgetGrant | None,
+    admitted_at: dt.datetime,
     limits: BudgetSettings,
 ) -> None:
     """The turn's steps' writes and its final write (see :func:`_turn`)."""
@@ -270,6 +281,7 @@ async def _steps(
             turn_limit=limits.turn,
             recovered=False,
             admitted=admitted,
+            admitted_at=admitted_at,
             estimates=ESTIMATES if arm == "admitted" else None,
         )
     for step in range(steps):

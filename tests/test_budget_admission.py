@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime as dt
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from support.engine_harness import CONV, EngineFactory, Harness, end_of
@@ -21,8 +22,20 @@ from turnwire.testing import ScriptedUsage, ScriptStep
 from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.cache_budget import CacheBudget
 from turnwire_server.engine.budget_admission import FirstStepEstimates
+from turnwire_server.engine.budget_scopes import budgets_for
 from turnwire_server.engine.budget_settings import BudgetSettings
-from turnwire_server.store.records import BudgetCharge, BudgetGrant, BudgetKey, BudgetSpend, TurnAdmission
+from turnwire_server.engine.budgets import StepBudgets
+from turnwire_server.engine.cost import PriceBook
+from turnwire_server.engine.cost_settings import PricingSettings
+from turnwire_server.store.budgets import BudgetStore
+from turnwire_server.store.records import (
+    BudgetCharge,
+    BudgetGrant,
+    BudgetKey,
+    BudgetLimits,
+    BudgetSpend,
+    TurnAdmission,
+)
 
 CONVERSATION = BudgetKey("conversation", CONV)
 STEP = ScriptStep(text="Answer.", usage=ScriptedUsage(input_tokens=40, output_tokens=8), repeat=True)
@@ -192,3 +205,56 @@ def test_a_steps_message_estimate_walks_only_the_messages_it_has_not_seen() -> N
         # Another conversation is its own.
         assert estimates.message_tokens("other", history[:3]) == EstimateTokens().messages(history[:3])
         assert walked == ["m0", "m1", "m2"]
+
+
+async def test_a_turns_steps_charge_the_budgets_its_admission_named(
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The admission worked out the turn's budgets for its reservation; its steps and final
+    settlement charge those (not worked out again), and what is spent is the same."""
+    h = await make_engine(scripts={"main": [STEP]}, budgets=_budgets())
+    assert end_of(await h.run("hi")).status == event_pb2.TURN_STATUS_COMPLETED
+    charges = Charges(h, monkeypatch)
+    worked_out: list[str] = []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        worked_out.append(args[2])
+        return budgets_for(*args, **kwargs)
+
+    monkeypatch.setattr("turnwire_server.engine.budgets.budgets_for", counted)
+    assert end_of(await h.run("again")).status == event_pb2.TURN_STATUS_COMPLETED
+    (admitted,) = charges.admitted
+    assert admitted is not None and charges.own == []
+    assert worked_out == []
+    assert await _spend(h) == BudgetSpend(2 * 48, 0.0, 0, 0.0)
+
+
+def test_an_admission_sized_before_midnight_leaves_its_steps_the_new_days_budgets() -> None:
+    settings = BudgetSettings.model_validate({"tenant": {"day": {"tokens": 10_000}}})
+    now = dt.datetime.now(dt.UTC)
+
+    def charged(admitted_at: dt.datetime) -> tuple[tuple[BudgetLimits, ...], tuple[BudgetLimits, ...]]:
+        """The budgets an admission sized at ``admitted_at`` named, and those its turn's final
+        settlement charges now."""
+        named = budgets_for(settings, "r1", CONV, settings.turn, admitted_at, with_turn=False)
+        budgets = StepBudgets(
+            cast(BudgetStore, None),
+            settings,
+            PriceBook(PricingSettings()),
+            request_id="r1",
+            conversation_id=CONV,
+            lease=None,
+            turn_limit=settings.turn,
+            recovered=False,
+            admitted=BudgetGrant(output_tokens=500, tokens=600, budgets=named),
+            admitted_at=admitted_at,
+        )
+        charge = budgets.final_charge()
+        assert charge is not None
+        return named, charge.budgets
+
+    named, settled = charged(now)
+    assert settled is named  # sized today: the admission's budgets, not worked out again
+    named, settled = charged(now - dt.timedelta(days=1))  # sized yesterday: the day turned since
+    assert [b.key for b in settled] == [BudgetKey("tenant/day", "", now.strftime("%Y-%m-%d"))]
+    assert named[0].key.period != settled[0].key.period

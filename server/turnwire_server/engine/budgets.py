@@ -27,10 +27,13 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
+
+from prometheus_client import Gauge
 
 from turnwire.compaction import EstimateTokens
 from turnwire.providers import ModelRequest
@@ -122,7 +125,8 @@ class StepBudgets:
     usage after it, :meth:`close` when the attempt ends (settles the last step; a recovered
     attempt's close also settles what the lost attempt left reserved). The settlement of a step
     rides the next step's reservation; the first reservation is the admission's (``admitted``,
-    its grant, used when it :func:`covers` the step) or a store transaction of its own, each later
+    its grant, used when it :func:`covers` the step; ``admitted_at``, when it was sized: its
+    budgets are this attempt's for that UTC day) or a store transaction of its own, each later
     one rides the step's checkpoint (``reserve``'s ``checkpoint``), and the last settlement the
     turn's final write (:meth:`final_charge`, else :meth:`close` on its own). ``estimates`` learns
     from each step sent (:class:`~.budget_admission.FirstStepEstimates`). :meth:`states` is what
@@ -142,6 +146,7 @@ class StepBudgets:
         recovered: bool,
         principal: str = "",
         admitted: BudgetGrant | None = None,
+        admitted_at: dt.datetime | None = None,
         estimates: FirstStepEstimates | None = None,
         for_hooks: bool = True,
     ) -> None:
@@ -168,7 +173,11 @@ class StepBudgets:
         self._scoped: tuple[dt.date, tuple[BudgetLimits, ...]] | None = None  # _budgets' last answer
         self._admitted: BudgetGrant | None = None  # the admission's reservation, until a step takes it
         if admitted is not None:
-            self._charged(admitted.budgets, None, admitted)
+            if admitted.budgets and admitted_at is not None:
+                # The admission charged the budgets _budgets names (the same request, that day's
+                # periods): not worked out again for its steps.
+                self._scoped = (admitted_at.astimezone(dt.UTC).date(), admitted.budgets)
+            self._charged(admitted.budgets, None, admitted, gauges=False)
             self._open = admitted.refused is None
             if self._open:
                 self._admitted = admitted
@@ -371,17 +380,40 @@ class StepBudgets:
         self._charged(budgets, ask, grant)
         return grant
 
-    def _charged(self, budgets: tuple[BudgetLimits, ...], ask: BudgetAsk | None, grant: BudgetGrant) -> None:
-        """A charge of ``budgets`` (reserving ``ask``) was stored and returned ``grant``."""
+    def _charged(
+        self,
+        budgets: tuple[BudgetLimits, ...],
+        ask: BudgetAsk | None,
+        grant: BudgetGrant,
+        *,
+        gauges: bool = True,
+    ) -> None:
+        """A charge of ``budgets`` (reserving ``ask``) was stored and returned ``grant``; the
+        tenants' spent gauges set from it unless not ``gauges`` (the admission's: it settled no
+        step of this turn, and the turn's next charge or its final write sets them)."""
         self._open = ask is not None and grant.refused is None
         if grant.spends:  # else the lease was lost, or the turn is gone: nothing charged
             self._seen = (grant.budgets or budgets, grant.spends)
+        if not gauges:
+            return
         current = {budget.key for budget in budgets}  # not a past period a settlement touched
         for key, spend in grant.spends.items():
             # Tenants only: a principal label would grow with every caller (and share a tenant's).
             if key in current and key.scope.startswith("tenant/"):
-                metrics.BUDGET_SPENT_TOKENS.labels(self._tenant, key.scope).set(spend.spent_tokens)
-                metrics.BUDGET_SPENT_USD.labels(self._tenant, key.scope).set(spend.spent_usd)
+                tokens, usd = _spent_gauges(self._tenant, key.scope)
+                tokens.set(spend.spent_tokens)
+                usd.set(spend.spent_usd)
+
+
+@functools.lru_cache(maxsize=1024)
+def _spent_gauges(tenant: str, scope: str) -> tuple[Gauge, Gauge]:
+    """The spent gauges' children of ``tenant``'s budget ``scope`` (tokens, US dollars): what
+    ``labels()`` returns, looked up once (it builds and locks on each call; one dropped from this
+    bounded cache is looked up again, the same child)."""
+    return (
+        metrics.BUDGET_SPENT_TOKENS.labels(tenant, scope),
+        metrics.BUDGET_SPENT_USD.labels(tenant, scope),
+    )
 
 
 async def settle_abandoned(store: BudgetStore, request_id: str, conversation_id: str) -> None:
@@ -399,14 +431,16 @@ def step_budgets(
     *,
     always: bool = False,
     admitted: BudgetGrant | None = None,
+    admitted_at: dt.datetime | None = None,
 ) -> StepBudgets | None:
     """The budget charges of the attempt ``state`` runs, or None when no budget applies (none
     configured, none the request asked for: then budgets add nothing to a step, no estimate, no
     write) unless ``always`` (a
     ``before_step`` limited a step: its budget is applied, still without a write) or
-    ``admitted`` (the grant of the reservation the turn's admission stored)."""
+    ``admitted`` (the grant of the reservation the turn's admission stored, sized at
+    ``admitted_at``)."""
     request = state.request
-    if not applies(settings.budgets, request.budget) and not always and admitted is None:
+    if admitted is None and not always and not applies(settings.budgets, request.budget):
         return None
     return StepBudgets(
         store,
@@ -419,6 +453,7 @@ def step_budgets(
         recovered=state.attempt > 1,
         principal=request.principal,
         admitted=admitted,
+        admitted_at=admitted_at,
         estimates=settings.first_steps,
         for_hooks=state.hooks.sees_budgets,
     )

@@ -193,13 +193,14 @@ class TurnRun(TurnAttempts):
         except LookupError:
             return None  # the step says why
         rates = settings.prices.rates(self.request.model, getattr(provider, "type", None))
+        self._charged_at = dt.datetime.now(dt.UTC)
         return admission_charge(
             settings.budgets,
             settings.first_steps,
             self.request,
             record.lease,
             rates=rates,
-            now=dt.datetime.now(dt.UTC),
+            now=self._charged_at,
         )
 
     def _queued(self, waiting: bool) -> None:
@@ -301,7 +302,7 @@ class TurnRun(TurnAttempts):
         if admission.budget is not None:
             # Its steps take it; until they do, the turn's end settles it (at zero).
             self._admitted = self.state.unsettled = step_budgets(
-                self.store, self.settings, self.state, admitted=admission.budget
+                self.store, self.settings, self.state, admitted=admission.budget, admitted_at=self._charged_at
             )
         self.messages_persisted = True
         self._phase = "running"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -189,6 +190,8 @@ class TurnRunBase:
         self._admission: TurnAdmission | None = None
         #: The budget charges holding the reservation that commit stored, for the first attempt.
         self._admitted: StepBudgets | None = None
+        #: When the admission's reservation was sized (its budgets' periods are that day's).
+        self._charged_at: dt.datetime | None = None
         #: A stored turn's state, or ``refused``: a budget refused it at its admission (never stored).
         self.outcome: StoredTurnState | Literal["refused"] = "running"
         self.status_error: WireStatus | None = None

@@ -20,6 +20,8 @@ from turnwire_server.store.records import BudgetAsk, BudgetKey, BudgetLimits, Bu
 
 __all__ = ["Reservation", "fit_output", "settle"]
 
+_ZERO = BudgetSpend()  # a budget missing from the states: nothing spent or reserved
+
 
 @dataclass(frozen=True, slots=True)
 class Reservation:
@@ -44,7 +46,7 @@ def settle(
     other at what it reserved. A budget missing from ``spends`` starts at zero."""
     settled = dict(spends)
     for reservation in reservations:
-        state = settled.get(reservation.key, BudgetSpend())
+        state = settled.get(reservation.key, _ZERO)
         tokens, usd = reservation.tokens, reservation.usd
         if reservation.epoch == epoch and spent is not None:
             tokens = reservation.tokens if spent[0] is None else spent[0]
@@ -68,7 +70,7 @@ def fit_output(
     has room for ``n`` when ``spent + reserved + prompt + n`` stays within each of its limits."""
     granted = ask.max_output
     for budget in budgets:
-        state = spends.get(budget.key, BudgetSpend())
+        state = spends.get(budget.key, _ZERO)
         room = ask.max_output
         if budget.tokens is not None:
             left = budget.tokens - state.spent_tokens - state.reserved_tokens - ask.prompt_tokens

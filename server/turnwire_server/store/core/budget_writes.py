@@ -252,14 +252,13 @@ def charge_budget(
     for key in keys:  # a row read missing is at zero (the write creates it)
         spends.setdefault(key, _ZERO)
     _refused(refuse, spends)
-    grant = BudgetGrant()
     writes: list[Statement] = []
     reserved: set[BudgetKey] = set()
     output, refused = fit_output(ask, budgets, spends)
+    tokens, usd = 0, 0.0
     if refused is None:
         tokens = ask.prompt_tokens + output
         usd = ask.prompt_usd + output * ask.usd_per_output_token
-        grant = BudgetGrant(output_tokens=output, tokens=tokens, usd=usd)
         for budget in budgets:
             spent_tokens, spent_usd, reserved_tokens, reserved_usd = _columns(spends[budget.key])
             spends[budget.key] = BudgetSpend(
@@ -276,9 +275,7 @@ def charge_budget(
                 ],
             )
         )
-    else:
-        grant = BudgetGrant(refused=refused)
-    stale = sorted({r.key for r in reservations} - reserved)
+    stale = sorted({r.key for r in reservations} - reserved) if reservations else []
     if stale and not reserved:
         writes.append(Statement(_UNRESERVE, (charge.request_id,)))
     elif stale:  # a reservation of a budget this step does not charge (a past period's)
@@ -304,7 +301,7 @@ def charge_budget(
             )
         )
     yield folded(writes, dialect)
-    return BudgetGrant(grant.output_tokens, grant.tokens, grant.usd, grant.refused, spends, budgets)
+    return BudgetGrant(output, tokens, usd, refused, spends, budgets)
 
 
 def admission_budget(
