@@ -28,6 +28,7 @@ from turnwire_server.store.errors import StoreError
 from turnwire_server.store.metrics import COMMIT_DURATION
 from turnwire_server.store.sqlite.db import DB_ERRORS, WriteFn, store_error
 from turnwire_server.store.sqlite.migrations import Migration, apply_migrations
+from turnwire_server.store.sqlite.wal_checkpoints import BACKSTOP_PAGES, WalCheckpoints
 
 __all__ = ["BUSY_TIMEOUT_MS", "SqliteWriter"]
 
@@ -65,6 +66,8 @@ class SqliteWriter:
         self._urgent = asyncio.Event()
         self._closing = False
         self._last_us = 0  # the writer thread's clock; see _now_us
+        self._wal = False  # the database is in WAL mode (set on the writer thread at connect)
+        self.checkpoints: WalCheckpoints | None = None  # the WAL's, off the commit path (WAL only)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -87,6 +90,7 @@ class SqliteWriter:
                 raise store_error(exc, f"opening {self._path}") from exc
             raise
         self._executor = executor
+        self.checkpoints = WalCheckpoints(self._path) if self._wal else None
         self._task = asyncio.create_task(self._run(), name="sqlite-store-writer")
 
     async def close(self) -> None:
@@ -100,6 +104,9 @@ class SqliteWriter:
         task, self._task = self._task, None
         if task is not None:
             await task
+        checkpoints, self.checkpoints = self.checkpoints, None
+        if checkpoints is not None:
+            await checkpoints.close()
         executor, self._executor = self._executor, None
         if executor is None:
             return
@@ -115,9 +122,13 @@ class SqliteWriter:
         conn = sqlite3.connect(self._path, isolation_level=None)  # we issue BEGIN/COMMIT
         try:
             mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()
-            if mode is None or str(mode[0]).lower() != "wal":
+            self._wal = mode is not None and str(mode[0]).lower() == "wal"
+            if not self._wal:
                 # Still correct, only slower: readers then wait for the writer.
                 _log.warning("sqlite store %s: WAL unavailable, journal_mode=%s", self._path, mode)
+            # Checkpoints run on a thread of their own (wal_checkpoints.py); a commit checkpoints
+            # only when the log has grown past this (they fell behind).
+            conn.execute(f"PRAGMA wal_autocheckpoint={BACKSTOP_PAGES}")
             # A commit survives a process crash; an OS crash may lose the last ones.
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA foreign_keys=ON")
@@ -212,6 +223,8 @@ class SqliteWriter:
             commit.add_done_callback(lambda done: _settle(batch, done, started))
             raise
         _settle(batch, commit, started)
+        if self.checkpoints is not None and commit.exception() is None:
+            self.checkpoints.committed()
 
     def _commit(self, applies: list[WriteFn]) -> list[Exception | None]:  # on the writer thread
         """One transaction: each write under its own savepoint; what each raised (None: applied).
