@@ -4,7 +4,8 @@ In WAL mode every commit appends the pages it changed to the ``-wal`` file, and 
 copies them back into the database file (and syncs both: ``synchronous=NORMAL``). SQLite runs
 one by itself inside the ``COMMIT`` that takes the log past ``wal_autocheckpoint`` pages, so one
 commit in every thirty or so paid 10 to 15 ms for everyone's pages, and a turn whose admission it
-was started that much later (a p99 of ~11 ms before the first token, bench/ttft.md). Here a
+was started that much later (the time to its first token's p99 was 15 to 21 ms, bench/ttft.md,
+"the WAL's checkpoints off the commit path"). Here a
 thread of its own, with its own connection, checkpoints after every
 :data:`COMMITS_PER_CHECKPOINT` commits (``PRAGMA wal_checkpoint(PASSIVE)``: it copies what no
 reader still needs, never waits for a lock and never blocks the writer), so the writer's commits
@@ -43,9 +44,8 @@ class WalCheckpoints:
     checkpoint runs at a time, on this object's own thread and connection; ``runs`` counts those
     that completed, ``last`` is the last one's ``(busy, log frames, frames copied)``."""
 
-    def __init__(self, path: Path, *, every: int = COMMITS_PER_CHECKPOINT) -> None:
+    def __init__(self, path: Path) -> None:
         self._path = path
-        self._every = every
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store-checkpoints")
         self._conn: sqlite3.Connection | None = None  # touched only on the executor's thread
         self._commits = 0
@@ -59,7 +59,7 @@ class WalCheckpoints:
         """A commit was appended to the log: start a checkpoint when :data:`COMMITS_PER_CHECKPOINT`
         have been since the last one started and none is running."""
         self._commits += 1
-        if self._commits < self._every or self._running is not None or self._stopped:
+        if self._commits < COMMITS_PER_CHECKPOINT or self._running is not None or self._stopped:
             return
         self._commits = 0
         self._running = asyncio.get_running_loop().run_in_executor(self._executor, self._checkpoint)
