@@ -53,17 +53,52 @@ export function freePort() {
   });
 }
 
+/** How many starts a sidecar gets when other processes take its port (as the Go and Python
+ * helpers: `clients/go/internal/sidecar`, `tests/support/sidecar.py`). */
+const PORT_ATTEMPTS = 3;
+
+/** A start that failed because another process took the port between the probe and the listen. */
+class PortTaken extends Error {}
+
 /**
  * A running sidecar: `address` (host:port), `stderrTail()`, and `stop()`, which sends SIGTERM
  * and resolves with the exit code (SIGKILL and a throw after 15 s). `client`: options of the
  * client that checks it is ready (`tls` for a TLS sidecar). `startupTimeoutMs` is a deadline, not a
  * speed target: a loaded 2-core CI has taken over 30 s to start a sidecar (as tests/support/sidecar.py).
+ * A port another process took before the sidecar listened (tests running in parallel, outgoing
+ * connections given an ephemeral port) is tried again on another, up to `PORT_ATTEMPTS` starts;
+ * `port` (default `freePort`) gives each start's port.
  */
-export async function startSidecar(config = {}, { startupTimeoutMs = 60_000, client = {} } = {}) {
+export async function startSidecar(config = {}, options = {}) {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await startOnce(config, options);
+    } catch (error) {
+      if (!(error instanceof PortTaken) || attempt >= PORT_ATTEMPTS) throw error;
+    }
+  }
+}
+
+/**
+ * Starts the sidecars of `starts` (functions each starting one) together and returns them in
+ * order; when one fails, stops those that started (no process is left behind to keep the test
+ * run alive) and throws the first failure.
+ */
+export async function startSidecars(starts) {
+  const results = await Promise.allSettled(starts.map((start) => start()));
+  const failed = results.find((result) => result.status === 'rejected');
+  if (failed === undefined) return results.map((result) => result.value);
+  await Promise.all(
+    results.filter((result) => result.status === 'fulfilled').map((result) => result.value.stop()),
+  );
+  throw failed.reason;
+}
+
+async function startOnce(config, { startupTimeoutMs = 60_000, client = {}, port: nextPort = freePort }) {
   const dir = await mkdtemp(path.join(os.tmpdir(), 'turnwire-ts-client-'));
   const configPath = path.join(dir, 'turnwire.yaml');
   await writeFile(configPath, JSON.stringify(config));
-  const port = await freePort();
+  const port = await nextPort();
   const address = `127.0.0.1:${port}`;
   // The test owns the configuration: drop the caller's TURNWIRE_* settings.
   const env = Object.fromEntries(
@@ -132,7 +167,8 @@ export async function startSidecar(config = {}, { startupTimeoutMs = 60_000, cli
       throw new Error(`turnwire (${TURNWIRE_BIN}) exited before it was ready: ${JSON.stringify(ready)}`);
   } catch (error) {
     await stop();
-    throw new Error(`${error.message}${stderrTail()}`);
+    const Failure = stderr.includes('cannot listen on') ? PortTaken : Error;
+    throw new Failure(`${error.message}${stderrTail()}`);
   } finally {
     probe.close();
   }

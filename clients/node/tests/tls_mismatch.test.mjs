@@ -10,7 +10,7 @@ import assert from 'node:assert/strict';
 import { TurnwireClient } from '@turnwire/client';
 
 import { makeCertificates } from './certificates.mjs';
-import { startSidecar } from './sidecar.mjs';
+import { startSidecar, startSidecars } from './sidecar.mjs';
 
 let certificates;
 const sidecars = {};
@@ -19,10 +19,10 @@ before(async () => {
   certificates = makeCertificates();
   const tls = { cert_file: certificates.file('server.pem'), key_file: certificates.file('server.key') };
   const mutual = { ...tls, client_ca_file: certificates.file('ca.pem'), client_auth: 'require' };
-  [sidecars.tls, sidecars.mutual, sidecars.plain] = await Promise.all([
-    startSidecar({ tls }, { client: { tls: { ca: certificates.pem('ca.pem') } } }),
-    startSidecar({ tls: mutual }, { client: { tls: clientTls() } }),
-    startSidecar({}),
+  [sidecars.tls, sidecars.mutual, sidecars.plain] = await startSidecars([
+    () => startSidecar({ tls }, { client: { tls: { ca: certificates.pem('ca.pem') } } }),
+    () => startSidecar({ tls: mutual }, { client: { tls: clientTls() } }),
+    () => startSidecar({}),
   ]);
 });
 
