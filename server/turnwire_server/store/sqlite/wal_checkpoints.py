@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Final
 
@@ -99,8 +99,7 @@ class WalCheckpoints:
         running = self._running
         if running is not None:
             await asyncio.wait((running,))
-        closed: Future[None] = self._executor.submit(self._close_connection)
         try:
-            await asyncio.wrap_future(closed)
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._close_connection)
         finally:
             self._executor.shutdown(wait=False)  # idle now: its thread exits at once

@@ -66,7 +66,6 @@ class SqliteWriter:
         self._urgent = asyncio.Event()
         self._closing = False
         self._last_us = 0  # the writer thread's clock; see _now_us
-        self._wal = False  # the database is in WAL mode (set on the writer thread at connect)
         self.checkpoints: WalCheckpoints | None = None  # the WAL's, off the commit path (WAL only)
 
     # ------------------------------------------------------------------ lifecycle
@@ -81,7 +80,7 @@ class SqliteWriter:
         self._closing = False
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store-writer")
         try:
-            await asyncio.get_running_loop().run_in_executor(executor, self._connect, migrations)
+            wal = await asyncio.get_running_loop().run_in_executor(executor, self._connect, migrations)
         except BaseException as exc:
             # Queued behind _connect even when this task was cancelled mid-way.
             executor.submit(self._close_connection)
@@ -90,7 +89,7 @@ class SqliteWriter:
                 raise store_error(exc, f"opening {self._path}") from exc
             raise
         self._executor = executor
-        self.checkpoints = WalCheckpoints(self._path) if self._wal else None
+        self.checkpoints = WalCheckpoints(self._path) if wal else None
         self._task = asyncio.create_task(self._run(), name="sqlite-store-writer")
 
     async def close(self) -> None:
@@ -117,13 +116,14 @@ class SqliteWriter:
         finally:
             executor.shutdown(wait=False)  # idle now: its thread exits at once
 
-    def _connect(self, migrations: Sequence[Migration]) -> None:  # on the writer thread
+    def _connect(self, migrations: Sequence[Migration]) -> bool:  # on the writer thread
+        """Open the connection and run ``migrations``; returns whether the database is in WAL mode."""
         self._path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(self._path, isolation_level=None)  # we issue BEGIN/COMMIT
         try:
             mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()
-            self._wal = mode is not None and str(mode[0]).lower() == "wal"
-            if not self._wal:
+            wal = mode is not None and str(mode[0]).lower() == "wal"
+            if not wal:
                 # Still correct, only slower: readers then wait for the writer.
                 _log.warning("sqlite store %s: WAL unavailable, journal_mode=%s", self._path, mode)
             # Checkpoints run on a thread of their own (wal_checkpoints.py); a commit checkpoints
@@ -146,6 +146,7 @@ class SqliteWriter:
             conn.close()
             raise
         self._conn = conn
+        return wal
 
     def _close_connection(self) -> None:  # on the writer thread
         conn, self._conn = self._conn, None
