@@ -776,8 +776,8 @@ async def test_admit_turn_on_an_idle_conversation_stores_the_input_and_holds_the
     store: Store, store_backend: StoreBackend
 ) -> None:
     """The merged admission: the input is durable once it is entered, the lock held until exit;
-    it never reports waiting in line (``queued`` is not called); PostgreSQL brings the history and
-    compaction back."""
+    it never reports waiting in line (``queued`` is not called); it brings the history back (on
+    SQLite: the conversation is new), PostgreSQL the compaction too."""
     queued: list[bool] = []
     async with store.admit_turn(
         _turn("r1"), [_text("u1", "hi")], lease_seconds=30, read_compaction=True, queued=queued.append
@@ -785,14 +785,13 @@ async def test_admit_turn_on_an_idle_conversation_stores_the_input_and_holds_the
         assert store_backend.sql("SELECT request_id, state FROM turns") == [("r1", "running")]
         assert store_backend.sql("SELECT id FROM messages") == [("u1",)]
         assert queued == []  # idle: it never waited
+        assert admission.history is not None
+        assert [m.id for m in admission.history] == ["u1"]
         if store_backend.name == "postgres":  # one flight
-            assert admission.history is not None
-            assert [m.id for m in admission.history] == ["u1"]
             assert admission.compaction_read
             assert admission.compaction is None
             assert store_backend.sql("SELECT request_id FROM turn_queue") == [("r1",)]
         else:
-            assert admission.history is None
             assert not admission.compaction_read
     if store_backend.name == "postgres":
         assert store_backend.sql("SELECT COUNT(*) FROM turn_queue") == [(0,)]
@@ -1009,16 +1008,16 @@ async def test_start_turn_gives_the_history_its_commit_left_where_it_costs_no_ro
     store: Store, store_backend: StoreBackend
 ) -> None:
     """PostgreSQL reads the history in the commit's flight (the turn's model call then needs no
-    read of its own); SQLite answers None (its single writer must not read on behalf of turns)."""
-    await store.start_turn(_turn("r0"), [_text("u0", "first")])
+    read of its own); SQLite's single writer reads it when it is few rows: a new conversation,
+    or (here) the changes since the messages the first start left this process holding (when
+    it holds none of an older conversation: None, test_store_sqlite.py)."""
+    first = await store.start_turn(_turn("r0"), [_text("u0", "first")])
+    assert first is not None and [m.id for m in first] == ["u0"]
     await store.save_message("conv-1", _text("asst-1", "reply", message_pb2.ROLE_ASSISTANT))
     history = await store.start_turn(_turn("r1", assistant_message_id="asst-2"), [_text("u1", "second")])
-    if store_backend.name == "sqlite":
-        assert history is None
-    else:
-        assert history is not None
-        assert [m.id for m in history] == ["u0", "asst-1", "u1"]
-        assert history == await store.load_messages("conv-1")
+    assert history is not None
+    assert [m.id for m in history] == ["u0", "asst-1", "u1"]
+    assert history == await store.load_messages("conv-1")
 
 
 async def test_roll_back_turn_removes_its_messages_and_ends_it(

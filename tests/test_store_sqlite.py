@@ -181,6 +181,56 @@ async def test_a_batch_costs_one_writer_thread_round_trip(
         await store.close()
 
 
+async def test_the_writer_reads_an_admissions_history_only_when_it_is_few_rows(tmp_path: Path) -> None:
+    """``start_turn`` brings the history back, read in the writer's transaction, for a new
+    conversation and for one whose messages the process holds (then only the changes since);
+    otherwise None (a whole read would hold up the writer), the caller reads. What it brings is
+    what the reader gives, the very objects the process keeps."""
+    path = tmp_path / "admission.db"
+    store = SqliteStore(path)
+    await store.open()
+    try:
+        new = await store.start_turn(_turn("r1", "new"), [_text("u1", "hi")])
+        assert new is not None and [m.id for m in new] == ["u1"]
+        loaded = await store.load_messages("new")
+        assert list(loaded) == list(new) and all(a is b for a, b in zip(loaded, new, strict=True))
+        await store.finish_turn(
+            _turn("r1", "new", state="completed"), _text("asst-1", "ok", message_pb2.ROLE_ASSISTANT)
+        )
+        # Held since the first start: the reply (written since) and the input, read as changes.
+        held = await store.start_turn(_turn("r2", "new"), [_text("u2", "more")])
+        assert held is not None and [m.id for m in held] == ["u1", "asst-1", "u2"]
+        assert held[0] is new[0]  # the held message, not read again
+        assert list(held) == list(await store.load_messages("new"))
+
+        # A fork holds its sources' messages without rows of its own: its first turn's history
+        # would be a whole read, so the caller reads it; once held, the changes come back.
+        await store.fork_conversation("new", "asst-1", "fork")
+        assert await store.start_turn(_turn("r3", "fork"), [_text("f1", "fork q")]) is None
+        assert [m.id for m in await store.load_messages("fork")] == ["u1", "asst-1", "f1"]
+        await store.finish_turn(_turn("r3", "fork", state="completed"), None)
+        forked = await store.start_turn(_turn("r4", "fork"), [_text("f2", "again")])
+        assert forked is not None and [m.id for m in forked] == ["u1", "asst-1", "f1", "f2"]
+        assert list(forked) == list(await store.load_messages("fork"))
+
+        # A refused admission decodes nothing and leaves what is held as it was.
+        with pytest.raises(MessageIdConflict):
+            await store.start_turn(_turn("r5", "fork"), [_text("f2", "other text")])
+        assert [m.id for m in await store.load_messages("fork")] == ["u1", "asst-1", "f1", "f2"]
+    finally:
+        await store.close()
+
+    # Another process (a restart) holds nothing of the conversation: a whole read, by the caller.
+    store = SqliteStore(path)
+    await store.open()
+    try:
+        await store.finish_turn(_turn("r2", "new", state="completed"), None)
+        assert await store.start_turn(_turn("r6", "new"), [_text("u3", "later")]) is None
+        assert [m.id for m in await store.load_messages("new")] == ["u1", "asst-1", "u2", "u3"]
+    finally:
+        await store.close()
+
+
 class _WatchedEvent(asyncio.Event):
     """An :class:`asyncio.Event` whose ``waited_on`` is set once somebody waits on it."""
 

@@ -98,10 +98,11 @@ class TurnStore(Protocol):
         """Durably create the conversation if needed, append ``messages`` and record ``turn``.
 
         One transaction. Returns the conversation's messages as it left them when the backend
-        reads them without a round trip of their own (PostgreSQL: in the commit's flight), else
-        None (SQLite: a read inside its single writer's transaction would hold up every other
-        write; the caller loads them). Raises :class:`MessageIdConflict` (and stores nothing)
-        when a message id already exists in the conversation.
+        reads them without a round trip of their own (PostgreSQL: in the commit's flight;
+        SQLite: in its writer's transaction when they are few, a new conversation or one whose
+        messages the process holds), else None (the caller loads them). Raises
+        :class:`MessageIdConflict` (and stores nothing) when a message id already exists in the
+        conversation.
         """
         ...
 

@@ -25,17 +25,16 @@ import filelock
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store.core import turn_writes
 from turnwire_server.store.core.local_lock import LocalTurnLocks
-from turnwire_server.store.core.message_cache import DecodedMessages
+from turnwire_server.store.core.message_cache import DecodedMessages, HistoryRead
 from turnwire_server.store.core.reads import CoreReads
 from turnwire_server.store.core.schedule_writes import CoreSchedules
-from turnwire_server.store.core.sql import Program
+from turnwire_server.store.core.sql import Program, Statement
 from turnwire_server.store.core.turn_writes import prepare_start_turn
 from turnwire_server.store.core.webhook_store import CoreWebhooks
 from turnwire_server.store.core.writes import ALONE, Commit, CoreWrites
 from turnwire_server.store.errors import StoreError, StoreInUse
 from turnwire_server.store.records import (
     BudgetCharge,
-    BudgetGrant,
     BudgetLimits,
     TurnAdmission,
     TurnRecord,
@@ -229,10 +228,13 @@ class SqliteStore(CoreWrites, CoreReads, CoreSchedules, CoreWebhooks):
 
     # ------------------------------------------------------------------ a turn's start and lock
 
-    async def start_turn(self, turn: TurnRecord, messages: Sequence[message_pb2.Message]) -> None:
-        """Returns None: the caller loads the history (a read in the single writer's transaction
-        would hold up every other write)."""
-        await self._start_turn(turn, messages, None)
+    async def start_turn(
+        self, turn: TurnRecord, messages: Sequence[message_pb2.Message]
+    ) -> Sequence[message_pb2.Message] | None:
+        """Returns the conversation's messages as the commit left them when the writer read them
+        in its transaction (:func:`_with_history`: a new conversation, or one whose messages this
+        process holds), else None (the caller loads them)."""
+        return (await self._start_turn(turn, messages, None)).history
 
     async def _start_turn(
         self,
@@ -240,12 +242,18 @@ class SqliteStore(CoreWrites, CoreReads, CoreSchedules, CoreWebhooks):
         messages: Sequence[message_pb2.Message],
         budget: BudgetCharge | None,
         refuse: Sequence[BudgetLimits] = (),
-    ) -> BudgetGrant | None:
+    ) -> TurnAdmission:
         start = prepare_start_turn(turn, messages)
-        return await self._commit(
+        read = self._decoded.read(turn.conversation_id)
+        grant, rows = await self._commit(
             f"start_turn({turn.request_id!r})",
-            lambda now_us: turn_writes.start_turn(start, DIALECT, now_us, budget, refuse),
+            lambda now_us: _with_history(
+                turn_writes.start_turn(start, DIALECT, now_us, budget, refuse), read
+            ),
         )
+        # Decoded here, on the event loop (the cache is the loop's), once the commit succeeded.
+        history = None if rows is None else self._decoded.messages(read, rows)
+        return TurnAdmission(history=history, budget=grant)
 
     @asynccontextmanager
     async def admit_turn(
@@ -261,16 +269,16 @@ class SqliteStore(CoreWrites, CoreReads, CoreSchedules, CoreWebhooks):
         refuse: Sequence[BudgetLimits] = (),
     ) -> AsyncIterator[TurnAdmission]:
         """:meth:`turn_lock`, then :meth:`start_turn` in it (``budget`` and the ``refuse`` check
-        riding its commit): the lock is in the process, so only the commit reaches the database;
-        nothing is read with it. ``queued`` is called only when the lock is not free at once."""
+        riding its commit): the lock is in the process, so only the commit reaches the database,
+        with the history read as :meth:`start_turn` says. ``queued`` is called only when the lock
+        is not free at once."""
         waits = self._locks.head(turn.conversation_id) not in (None, turn.request_id)
         if waits:
             queued(True)
         async with self.turn_lock(turn.conversation_id, request_id=turn.request_id, first=first):
             if waits:
                 queued(False)
-            grant = await self._start_turn(renewed_lease(turn, lease_seconds), messages, budget, refuse)
-            yield TurnAdmission(budget=grant)
+            yield await self._start_turn(renewed_lease(turn, lease_seconds), messages, budget, refuse)
 
     def turn_lock(
         self,
@@ -350,3 +358,23 @@ class SqliteStore(CoreWrites, CoreReads, CoreSchedules, CoreWebhooks):
             return list(await db.execute_fetchall(sql, params))
         except DB_ERRORS as exc:
             raise store_error(exc, what) from exc
+
+
+def _with_history(program: Program[T], read: HistoryRead) -> Program[tuple[T, list[Any] | None]]:
+    """``program`` (a turn's admission), then, in the same transaction, ``read``'s rows of the
+    conversation's history when they are few: the messages changed since the version this
+    process holds (``read.base``: only what was written since its last read), or a conversation
+    this very transaction creates (its rows are the input). Otherwise None, and the caller reads
+    on the reader's connection: a whole read of a long conversation (or of a fork with its
+    sources) would hold up every other write. The read costs the writer a few rows; it saves the
+    turn a round trip to the reader's thread before its model call (issue 33)."""
+    if read.base is None:
+        found = yield [Statement(_CONVERSATION_EXISTS, (read.conversation_id,), fetch=True)]
+        if found[0]:
+            return (yield from program), None
+    result = yield from program
+    rows = yield [Statement(read.sql, read.params, fetch=True)]
+    return result, rows[0]
+
+
+_CONVERSATION_EXISTS = "SELECT 1 FROM conversations WHERE id = ?"
