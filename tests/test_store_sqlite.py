@@ -138,16 +138,16 @@ async def test_a_batch_costs_one_writer_thread_round_trip(
     store = SqliteStore(tmp_path / "hops.db", checkpoint_batch_ms=60_000)
     await store.open()
     try:
-        executor = store._writer._executor
-        assert executor is not None
+        thread = store._writer._thread
+        assert thread is not None
         submitted: list[Any] = []
-        original_submit = executor.submit
+        original_run = thread.run
 
-        def counting_submit(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        def counting_run(fn: Any, /, *args: Any) -> Any:
             submitted.append(fn)
-            return original_submit(fn, *args, **kwargs)
+            return original_run(fn, *args)
 
-        monkeypatch.setattr(executor, "submit", counting_submit)
+        monkeypatch.setattr(thread, "run", counting_run)
         batch_sizes: list[int] = []
         original_batch = store._writer._apply_batch
 

@@ -22,9 +22,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Final
+
+from turnwire_server.store.sqlite.worker_thread import WorkerThread
 
 __all__ = ["BACKSTOP_PAGES", "COMMITS_PER_CHECKPOINT", "WalCheckpoints"]
 
@@ -46,8 +47,8 @@ class WalCheckpoints:
 
     def __init__(self, path: Path) -> None:
         self._path = path
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store-checkpoints")
-        self._conn: sqlite3.Connection | None = None  # touched only on the executor's thread
+        self._thread = WorkerThread("sqlite-store-checkpoints")
+        self._conn: sqlite3.Connection | None = None  # touched only on that thread
         self._commits = 0
         self._running: asyncio.Future[tuple[int, int, int]] | None = None
         self._stopped = False
@@ -62,7 +63,7 @@ class WalCheckpoints:
         if self._commits < COMMITS_PER_CHECKPOINT or self._running is not None or self._stopped:
             return
         self._commits = 0
-        self._running = asyncio.get_running_loop().run_in_executor(self._executor, self._checkpoint)
+        self._running = self._thread.run(self._checkpoint)
         self._running.add_done_callback(self._done)
 
     def _done(self, done: asyncio.Future[tuple[int, int, int]]) -> None:
@@ -77,13 +78,13 @@ class WalCheckpoints:
         self._stopped = True  # the writer's own checkpoints keep the log bounded
         _log.warning("sqlite store %s: background WAL checkpoints stopped: %s", self._path.name, error)
 
-    def _checkpoint(self) -> tuple[int, int, int]:  # on the executor's thread
+    def _checkpoint(self) -> tuple[int, int, int]:  # on the thread
         if self._conn is None:
             self._conn = sqlite3.connect(self._path, isolation_level=None)
         busy, log, copied = self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         return int(busy), int(log), int(copied)
 
-    def _close_connection(self) -> None:  # on the executor's thread
+    def _close_connection(self) -> None:  # on the thread
         conn, self._conn = self._conn, None
         if conn is not None:
             try:
@@ -100,6 +101,6 @@ class WalCheckpoints:
         if running is not None:
             await asyncio.wait((running,))
         try:
-            await asyncio.get_running_loop().run_in_executor(self._executor, self._close_connection)
+            await self._thread.run(self._close_connection)
         finally:
-            self._executor.shutdown(wait=False)  # idle now: its thread exits at once
+            self._thread.stop()  # idle now: it exits at once

@@ -6,7 +6,7 @@ pending as a batch and applies it in ONE round trip to a dedicated thread:
 resolves the callers' futures on the loop. A round trip per statement (as with
 aiosqlite) cost ~9 thread hand-offs per write and made the loop lag under load.
 
-The thread is a one-worker :class:`~concurrent.futures.ThreadPoolExecutor`; the
+The thread is a :class:`~turnwire_server.store.sqlite.worker_thread.WorkerThread`; the
 plain ``sqlite3`` connection is created, used and closed only on it.
 """
 
@@ -18,7 +18,6 @@ import logging
 import sqlite3
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from turnwire_server.store.metrics import COMMIT_DURATION
 from turnwire_server.store.sqlite.db import DB_ERRORS, WriteFn, store_error
 from turnwire_server.store.sqlite.migrations import Migration, apply_migrations
 from turnwire_server.store.sqlite.wal_checkpoints import BACKSTOP_PAGES, WalCheckpoints
+from turnwire_server.store.sqlite.worker_thread import WorkerThread
 
 __all__ = ["BUSY_TIMEOUT_MS", "SqliteWriter"]
 
@@ -58,8 +58,8 @@ class SqliteWriter:
     def __init__(self, path: Path, *, batch_s: float) -> None:
         self._path = path
         self._batch_s = batch_s
-        self._executor: ThreadPoolExecutor | None = None
-        self._conn: sqlite3.Connection | None = None  # touched only on the executor's thread
+        self._thread: WorkerThread | None = None
+        self._conn: sqlite3.Connection | None = None  # touched only on that thread
         self._task: asyncio.Task[None] | None = None
         self._pending: collections.deque[_Write] = collections.deque()
         self._has_work = asyncio.Event()
@@ -78,17 +78,16 @@ class SqliteWriter:
         fails (nothing is left running then). After :meth:`close` it starts afresh.
         """
         self._closing = False
-        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store-writer")
+        thread = WorkerThread("sqlite-store-writer")
         try:
-            wal = await asyncio.get_running_loop().run_in_executor(executor, self._connect, migrations)
+            wal = await thread.run(self._connect, migrations)
         except BaseException as exc:
             # Queued behind _connect even when this task was cancelled mid-way.
-            executor.submit(self._close_connection)
-            executor.shutdown(wait=False)
+            thread.stop(self._close_connection)
             if isinstance(exc, DB_ERRORS):
                 raise store_error(exc, f"opening {self._path}") from exc
             raise
-        self._executor = executor
+        self._thread = thread
         self.checkpoints = WalCheckpoints(self._path) if wal else None
         self._task = asyncio.create_task(self._run(), name="sqlite-store-writer")
 
@@ -106,15 +105,15 @@ class SqliteWriter:
         checkpoints, self.checkpoints = self.checkpoints, None
         if checkpoints is not None:
             await checkpoints.close()
-        executor, self._executor = self._executor, None
-        if executor is None:
+        thread, self._thread = self._thread, None
+        if thread is None:
             return
         try:
-            await asyncio.get_running_loop().run_in_executor(executor, self._close_connection)
+            await thread.run(self._close_connection)
         except DB_ERRORS as exc:
             raise store_error(exc, f"closing {self._path}") from exc
         finally:
-            executor.shutdown(wait=False)  # idle now: its thread exits at once
+            thread.stop()  # idle now: it exits at once
 
     def _connect(self, migrations: Sequence[Migration]) -> bool:  # on the writer thread
         """Open the connection and run ``migrations``; returns whether the database is in WAL mode."""
@@ -214,12 +213,12 @@ class SqliteWriter:
         """Commit ``batch`` in one thread round trip, then settle each write's future. Cancelled
         meanwhile, it settles them once the thread is done all the same: the batch commits or
         rolls back whatever happens on the loop, and its callers learn which."""
-        assert self._executor is not None
+        assert self._thread is not None
         applies = [write.apply for write in batch]
         started = time.perf_counter()
-        commit = asyncio.get_running_loop().run_in_executor(self._executor, self._commit, applies)
+        commit = self._thread.run(self._commit, applies)
         try:
-            await asyncio.wait((commit,))  # a cancel of this wait leaves the commit's future alone
+            await asyncio.shield(commit)  # a cancel of this wait leaves the commit's future alone
         except asyncio.CancelledError:
             commit.add_done_callback(lambda done: _settle(batch, done, started))
             raise
