@@ -366,8 +366,10 @@ def _with_history(program: Program[T], read: HistoryRead) -> Program[tuple[T, li
     process holds (``read.base``: only what was written since its last read), or a conversation
     this very transaction creates (its rows are the input). Otherwise None, and the caller reads
     on the reader's connection: a whole read of a long conversation (or of a fork with its
-    sources) would hold up every other write. The read costs the writer a few rows; it saves the
-    turn a round trip to the reader's thread before its model call (issue 33)."""
+    sources) would hold up every other write. (A removal since the held version, a rollback's,
+    makes even a held conversation's read whole, as on the reader: rare, one conversation.) The
+    read costs the writer a few rows; it saves the turn a round trip to the reader's thread
+    before its model call (issue 33, bench/ttft.md "the store's thread hops")."""
     if read.base is None:
         found = yield [Statement(_CONVERSATION_EXISTS, (read.conversation_id,), fetch=True)]
         if found[0]:

@@ -220,8 +220,13 @@ class SqliteWriter:
         try:
             await asyncio.shield(commit)  # a cancel of this wait leaves the commit's future alone
         except asyncio.CancelledError:
-            commit.add_done_callback(lambda done: _settle(batch, done, started))
+            if commit.done():
+                _settle(batch, commit, started)
+            else:
+                commit.add_done_callback(lambda done: _settle(batch, done, started))
             raise
+        except BaseException:
+            pass  # the transaction failed: _settle gives its error to every write of the batch
         _settle(batch, commit, started)
         if self.checkpoints is not None and commit.exception() is None:
             self.checkpoints.committed()
