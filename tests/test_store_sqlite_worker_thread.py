@@ -82,3 +82,5 @@ async def test_stop_runs_what_was_queued_then_the_last_call(caplog: pytest.LogCa
         await wait_until(lambda: not thread._thread.is_alive(), what="the thread ended")
     assert ran == ["a", "b", "last"]
     assert "close failed" in caplog.text
+    with pytest.raises(RuntimeError, match="stopped"):  # it would never run: refused, not lost
+        thread.run(ran.append, "too late")

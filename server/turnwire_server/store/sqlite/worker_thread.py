@@ -37,13 +37,18 @@ class WorkerThread:
 
     def __init__(self, name: str) -> None:
         self._queue: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._stopped = False
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
 
     def run(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         """``fn(*args)`` on the thread, after every call queued before it; the future (of the
         running loop) gets its result or what it raised. Cancelling the future does not stop
-        the call (it runs all the same; its outcome is dropped), as with ``run_in_executor``."""
+        the call (it runs all the same; its outcome is dropped), as with ``run_in_executor``.
+        Raises RuntimeError after :meth:`stop` (the call would never run, its caller wait for
+        ever)."""
+        if self._stopped:
+            raise RuntimeError(f"{self._thread.name}: the thread was stopped")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._queue.put((fn, args, future, loop))
@@ -52,6 +57,9 @@ class WorkerThread:
     def stop(self, last: Callable[[], object] | None = None) -> None:
         """Let the thread end once the calls queued so far (and then ``last``, whose outcome is
         only logged when it fails) have run. Returns at once; idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
         if last is not None:
             self._queue.put((last, (), None, None))
         self._queue.put(None)
