@@ -220,10 +220,8 @@ class SqliteWriter:
         try:
             await asyncio.shield(commit)  # a cancel of this wait leaves the commit's future alone
         except asyncio.CancelledError:
-            if commit.done():
-                _settle(batch, commit, started)
-            else:
-                commit.add_done_callback(lambda done: _settle(batch, done, started))
+            # Settles once the thread is done (at once, from the loop, if it already is).
+            commit.add_done_callback(lambda done: _settle(batch, done, started))
             raise
         except BaseException:
             pass  # the transaction failed: _settle gives its error to every write of the batch
