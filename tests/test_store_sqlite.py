@@ -231,6 +231,33 @@ async def test_the_writer_reads_an_admissions_history_only_when_it_is_few_rows(t
         await store.close()
 
 
+async def test_a_failed_transaction_fails_each_write_of_its_batch_and_the_writer_goes_on(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch whose transaction fails (a full disk, an I/O error: SQLite rolls it all back) gives
+    each of its callers that error; the writer then applies the next writes. (A bound on the wait:
+    a writer that lost the batch's outcome would leave its callers waiting forever.)"""
+    original = store._writer._commit
+    failing = [True]
+
+    def commit(applies: Any) -> Any:
+        if failing[0]:
+            raise sqlite3.OperationalError("disk I/O error")
+        return original(applies)
+
+    monkeypatch.setattr(store._writer, "_commit", commit)
+    async with asyncio.timeout(10):
+        results = await asyncio.gather(
+            store.save_message("c", _text("m1", "one")),
+            store.save_message("c", _text("m2", "two")),
+            return_exceptions=True,
+        )
+        assert all(isinstance(r, StoreError) and "disk I/O error" in str(r) for r in results), results
+        failing[0] = False
+        await store.save_message("c", _text("m3", "three"))
+    assert [m.id for m in await store.load_messages("c")] == ["m3"]
+
+
 class _WatchedEvent(asyncio.Event):
     """An :class:`asyncio.Event` whose ``waited_on`` is set once somebody waits on it."""
 
@@ -317,33 +344,6 @@ async def test_a_close_cancelled_as_the_writer_flushes_is_cancelled_and_its_writ
 
 
 # ----------------------------------------------------------------------------- migrations
-
-
-async def test_a_failed_transaction_fails_each_write_of_its_batch_and_the_writer_goes_on(
-    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A batch whose transaction fails (a full disk, an I/O error: SQLite rolls it all back) gives
-    each of its callers that error; the writer then applies the next writes. (A bound on the wait:
-    a writer that lost the batch's outcome would leave its callers waiting forever.)"""
-    original = store._writer._commit
-    failing = [True]
-
-    def commit(applies: Any) -> Any:
-        if failing[0]:
-            raise sqlite3.OperationalError("disk I/O error")
-        return original(applies)
-
-    monkeypatch.setattr(store._writer, "_commit", commit)
-    async with asyncio.timeout(10):
-        results = await asyncio.gather(
-            store.save_message("c", _text("m1", "one")),
-            store.save_message("c", _text("m2", "two")),
-            return_exceptions=True,
-        )
-        assert all(isinstance(r, StoreError) and "disk I/O error" in str(r) for r in results), results
-        failing[0] = False
-        await store.save_message("c", _text("m3", "three"))
-    assert [m.id for m in await store.load_messages("c")] == ["m3"]
 
 
 async def test_store_errors(tmp_path: Path) -> None:
