@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import grpc
 import pytest
 import yaml
 from support.hook_server import RecordingHookServer, serving
@@ -105,7 +106,7 @@ def test_a_bad_remote_entry_is_refused_naming_the_field(
 
 
 async def test_an_unreachable_hook_server_stops_start_up_unless_its_hooks_are_listed(tmp_path: Path) -> None:
-    settings = settings_of(tmp_path, [{"remote": {"address": "127.0.0.1:9", "deadline_seconds": 0.2}}])
+    settings = settings_of(tmp_path, [{"remote": {"address": "127.0.0.1:9", "startup_timeout_seconds": 0.2}}])
     chain = MiddlewareChain(load_middlewares(settings.middleware))
     with pytest.raises(
         HookError, match=re.escape("cannot ask the hook server at 127.0.0.1:9 for its subscriptions")
@@ -115,16 +116,39 @@ async def test_an_unreachable_hook_server_stops_start_up_unless_its_hooks_are_li
         if isinstance(middleware, RemoteMiddleware):
             await middleware.aclose()
 
-    settings = settings_of(
-        tmp_path,
-        [{"remote": {"address": "127.0.0.1:9", "deadline_seconds": 0.2, "hooks": ["before_tool_call"]}}],
-    )
+    entry = {"address": "127.0.0.1:9", "startup_timeout_seconds": 0.2, "hooks": ["before_tool_call"]}
+    settings = settings_of(tmp_path, [{"remote": entry}])
     (remote,) = load_middlewares(settings.middleware)
     chain = MiddlewareChain([remote])
     await chain.configure_session(SESSION)
     assert chain.forward["before_tool_call"] == (remote,)
     assert isinstance(remote, RemoteMiddleware)
     await remote.aclose()
+
+
+async def test_the_subscriptions_are_asked_within_the_startup_timeout_not_the_per_call_deadline(
+    tmp_path: Path,
+) -> None:
+    """A per-call deadline short enough for a hook on the way to the first token is too short for
+    a connection's first round trip on a busy host (a CI run once failed start-up so)."""
+    server = RecordingHookServer([hooks_pb2.HOOK_BEFORE_TURN])
+    remaining: list[float | None] = []
+
+    def subscriptions(request: object, context: grpc.aio.ServicerContext[object, object]) -> object:
+        remaining.append(context.time_remaining())
+        return hooks_pb2.GetHookSubscriptionsResponse(hooks=[hooks_pb2.HOOK_BEFORE_TURN])
+
+    server.answers["GetHookSubscriptions"] = subscriptions
+    async with serving(server) as address:
+        entry = {"address": address, "deadline_seconds": 0.05, "startup_timeout_seconds": 30}
+        (remote,) = load_middlewares(settings_of(tmp_path, [{"remote": entry}]).middleware)
+        chain = MiddlewareChain([remote])
+        await chain.configure_session(SESSION)
+        assert chain.forward["before_turn"] == (remote,)
+        (left,) = remaining
+        assert left is not None and 1 < left <= 30  # the deadline the server was given
+        assert isinstance(remote, RemoteMiddleware)
+        await remote.aclose()
 
 
 async def test_the_chain_calls_only_what_the_server_subscribed_to(tmp_path: Path) -> None:

@@ -125,10 +125,10 @@ class RecordingHookServer(hooks_pb2_grpc.TurnHooksServiceServicer):
         return await result if inspect.isawaitable(result) else result
 
     async def GetHookSubscriptions(self, request: Any, context: Any) -> Any:
-        self._record("GetHookSubscriptions", request, context)
-        return hooks_pb2.GetHookSubscriptionsResponse(
+        subscriptions = hooks_pb2.GetHookSubscriptionsResponse(
             hooks=self.hooks, include_messages=self.include_messages, hook_session=self.hook_session
         )
+        return await self._answer("GetHookSubscriptions", request, context, subscriptions)
 
     async def BeforeTurn(self, request: Any, context: Any) -> Any:
         return await self._answer("BeforeTurn", request, context, hooks_pb2.BeforeTurnResponse())

@@ -142,15 +142,17 @@ class RemoteMiddleware(SessionCalls, Middleware):
     # --- session ----------------------------------------------------------------------------
 
     async def configure_session(self, ctx: SessionContext) -> SessionConfig | None:
-        """Connect and ask ``GetHookSubscriptions`` (waiting up to the deadline for a server that
-        is still starting). Raises ``RuntimeError`` when it cannot be asked and the entry lists
-        no ``hooks`` to fall back on."""
+        """Connect and ask ``GetHookSubscriptions``, waiting up to ``startup_timeout_seconds`` for
+        a server that is still starting (not the per-call deadline: a deadline short enough for a
+        hook on the way to the first token is too short for a connection's first round trip on a
+        busy host). Raises ``RuntimeError`` when it cannot be asked and the entry lists no
+        ``hooks`` to fall back on."""
         self._channel = channel_for(self.settings)
         self._stub = hooks_pb2_grpc.TurnHooksServiceStub(self._channel)
         try:
             subscriptions = await self._stub.GetHookSubscriptions(
                 hooks_pb2.GetHookSubscriptionsRequest(),
-                timeout=self.settings.deadline_seconds,
+                timeout=self.settings.startup_timeout_seconds,
                 wait_for_ready=True,
             )
         except grpc.aio.AioRpcError as error:

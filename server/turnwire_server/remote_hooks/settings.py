@@ -105,8 +105,10 @@ class RemoteHookSettings(ConfigSection):
 
     ``address`` is ``HOST:PORT`` (or any gRPC target such as ``unix:PATH``); ``name`` labels it
     in logs, timelines and ``HOOK_FAILED`` metadata (default ``remote:<address>``); ``tls``
-    absent means plaintext; ``deadline_seconds`` bounds every unary call (and the wait for an
-    ``OnChunks`` call to close); ``include_messages`` overrides what the server's
+    absent means plaintext; ``startup_timeout_seconds`` bounds connecting and asking
+    ``GetHookSubscriptions`` at start (a server still starting is waited for; like a tool host's,
+    ``tools/settings.py``); ``deadline_seconds`` bounds every other unary call (and the wait for
+    an ``OnChunks`` call to close); ``include_messages`` overrides what the server's
     ``GetHookSubscriptions`` asked for (None: as asked); ``hooks`` is used when the server
     cannot be reached at start (None: start-up then fails); ``hook_session: false`` keeps a
     unary RPC per call even for a server that offers ``HookSession`` (for example behind a
@@ -116,6 +118,7 @@ class RemoteHookSettings(ConfigSection):
     address: str = Field(min_length=1)
     name: str | None = Field(None, min_length=1)
     tls: RemoteTlsSettings | None = None
+    startup_timeout_seconds: float = Field(10.0, gt=0, le=600)
     deadline_seconds: float = Field(5.0, gt=0, le=600)
     failure_mode: FailureModes = Field(default_factory=FailureModes)
     include_messages: bool | None = None
