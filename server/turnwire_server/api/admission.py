@@ -213,6 +213,9 @@ class CallGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc is unt
         self._idle = asyncio.Event()
         self._idle.set()
         self._overload_reports = Throttled(log)
+        # Per method, the last handler wrapped and its wrapper (built once, not per call: it
+        # holds nothing of a call's; the server hands out the same handler object each call).
+        self._wrapped: dict[str, tuple[Any, Any]] = {}
 
     # --- counts ------------------------------------------------------------------------
 
@@ -374,7 +377,13 @@ class CallGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc is unt
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
-        return self._wrap(handler, handler_call_details.method)
+        method = handler_call_details.method
+        kept = self._wrapped.get(method)
+        if kept is not None and kept[0] is handler:
+            return kept[1]
+        wrapped = self._wrap(handler, method)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
 
     def _wrap(self, handler: Any, method: str) -> Any:
         kind = kind_of(method)

@@ -74,6 +74,10 @@ class RpcObserver(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc is 
     def __init__(self) -> None:
         self._gone = client_gone_types()
         self._methods: dict[str, _MethodMetrics] = {}
+        # Per method, the last handler wrapped and its wrapper: the server hands out the same
+        # handler object for each call (unless an interceptor after this one wraps per call), and
+        # the wrapper holds nothing of a call's, so it is built once, not per call.
+        self._wrapped: dict[str, tuple[Any, Any]] = {}
 
     async def intercept_service(
         self,
@@ -85,10 +89,15 @@ class RpcObserver(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc is 
         if handler is None:
             return None
         method = handler_call_details.method
+        kept = self._wrapped.get(method)
+        if kept is not None and kept[0] is handler:
+            return kept[1]
         observed = self._methods.get(method)
         if observed is None:
             observed = self._methods[method] = _MethodMetrics(method, handler)
-        return self._wrap(handler, observed)
+        wrapped = self._wrap(handler, observed)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
 
     def _code(self, context: Context, error: BaseException | None) -> str:
         code = context.code()
