@@ -18,6 +18,7 @@ from support.waiting import wait_until
 from turnwire_server.store.sqlite.wal_checkpoints import (
     BACKSTOP_PAGES,
     COMMITS_PER_CHECKPOINT,
+    RESTART_FRAMES,
     WalCheckpoints,
 )
 from turnwire_server.store.sqlite.writer import SqliteWriter
@@ -83,12 +84,27 @@ async def test_the_log_stays_bounded_under_continuous_writes(writer: SqliteWrite
     assert wal <= 2 * BACKSTOP_PAGES * (PAGE + 24), f"the log grew to {wal:,} bytes"
 
 
+async def test_the_log_stays_bounded_when_the_writers_own_checkpoints_never_start_it_over(
+    writer: SqliteWriter, tmp_path: Path
+) -> None:
+    """The writer's backstop is passive: it fails while a background checkpoint runs, and a CI run
+    once saw it lose that race for 2,500 commits (the log at 52 MB, as with no backstop at all).
+    With it off, the background checkpoints' RESTART past ``RESTART_FRAMES`` keeps the bound."""
+    await writer.submit(_write("PRAGMA wal_autocheckpoint=0"), "no backstop", urgent=True)
+    await _commits(writer, 2_500, size=3 * PAGE)
+    checkpoints = _checkpoints(writer)
+    assert checkpoints.restarts > 0, checkpoints.restarts
+    wal = (tmp_path / "store.db-wal").stat().st_size
+    assert wal <= 2 * BACKSTOP_PAGES * (PAGE + 24), f"the log grew to {wal:,} bytes"
+    assert RESTART_FRAMES > BACKSTOP_PAGES  # never reached while the writer's own start it over
+
+
 async def test_a_failing_checkpoint_stops_them_and_the_writes_go_on(
     writer: SqliteWriter, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     checkpoints = _checkpoints(writer)
 
-    def fails() -> tuple[int, int, int]:
+    def fails() -> tuple[int, int, int, bool]:
         raise sqlite3.OperationalError("disk I/O error")
 
     monkeypatch.setattr(checkpoints, "_checkpoint", fails)
@@ -115,7 +131,7 @@ async def test_closing_the_writer_waits_for_a_running_checkpoint(tmp_path: Path)
     started, release = threading.Event(), threading.Event()
     checkpoint = checkpoints._checkpoint
 
-    def held() -> tuple[int, int, int]:
+    def held() -> tuple[int, int, int, bool]:
         started.set()
         release.wait(10)
         return checkpoint()
