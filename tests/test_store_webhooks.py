@@ -12,8 +12,11 @@ from support.store_turns import T0, started_turn
 from support.stores import StoreBackend
 
 from turnwire_server.store import InvalidPageToken, Store
+from turnwire_server.store.core import message_writes
 from turnwire_server.store.core.webhook_writes import delivery_id_of
-from turnwire_server.store.records import SubmissionRecord
+from turnwire_server.store.postgres.db import DIALECT as POSTGRES
+from turnwire_server.store.records import SubmissionRecord, TurnRecord
+from turnwire_server.store.sqlite.db import DIALECT as SQLITE
 from turnwire_server.store.webhooks import AttemptResult
 
 LATER = T0 + dt.timedelta(days=3650)  # every row is due by then
@@ -61,6 +64,32 @@ async def test_every_way_a_submission_ends_writes_one_delivery_with_its_event(st
         "t/cancelled", "aborted", b"again", only_from=("pending", "running", "aborted")
     )
     assert len(await _all(store)) == 3
+
+
+def test_a_turns_end_ends_a_submission_only_when_one_of_its_id_runs() -> None:
+    """The final write reads, with the turn's fencing token, whether a submission of its id is
+    running: a Chat turn's end (none) runs no statement for submissions or their webhooks, a
+    submission's turn's end ends it and writes its outbox row (the store-level test above)."""
+    turn = TurnRecord(
+        request_id="t/r",
+        conversation_id="t/c",
+        assistant_message_id="t/a",
+        continuation=False,
+        model="m",
+        state="completed",
+        start_time=T0,
+        end_time=T0,
+    )
+    finish = message_writes.prepare_finish_turn(turn, None)
+    for dialect in (SQLITE, POSTGRES):
+        for running in (False, True):
+            program = message_writes.finish_turn(finish, dialect, 1)
+            reads = next(program)
+            assert "FROM submissions" in reads[-1].sql
+            writes = program.send([[("", 0, running)]])
+            sql = [statement.sql for statement in writes]
+            assert any(s.startswith("UPDATE submissions") for s in sql) is running
+            assert any("INTO webhook_deliveries" in s for s in sql) is running
 
 
 async def test_claims_are_leased_and_every_attempt_is_recorded(store_backend: StoreBackend) -> None:

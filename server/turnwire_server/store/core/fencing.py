@@ -21,11 +21,19 @@ from turnwire_server.store.records import TurnLease
 __all__ = ["holds_lease", "lease_read"]
 
 _LEASE_READ: Final = "SELECT owner, lease_epoch FROM turns WHERE request_id = ?"
+_LEASE_AND_SUBMISSION_READ: Final = (
+    "SELECT owner, lease_epoch, EXISTS (SELECT 1 FROM submissions AS s"
+    " WHERE s.id = turns.request_id AND s.state = 'running') FROM turns WHERE request_id = ?"
+)
 
 
-def lease_read(request_id: str, dialect: Dialect) -> Statement:
-    """The read :func:`holds_lease` decides on: turn ``request_id``'s token, its row locked."""
-    return Statement(_LEASE_READ + dialect.lock_rows, (request_id,), fetch=True)
+def lease_read(request_id: str, dialect: Dialect, *, running_submission: bool = False) -> Statement:
+    """The read :func:`holds_lease` decides on: turn ``request_id``'s token, its row locked.
+    ``running_submission``: its row also says (third column) whether a submission of the same id
+    is running, which a turn's end then ends (no other write makes one running while the turn
+    runs: a submission's turn start would conflict with this turn's row)."""
+    sql = _LEASE_AND_SUBMISSION_READ if running_submission else _LEASE_READ
+    return Statement(sql + dialect.lock_rows, (request_id,), fetch=True)
 
 
 def holds_lease(rows: list[Any], lease: TurnLease | None) -> bool:
@@ -35,7 +43,7 @@ def holds_lease(rows: list[Any], lease: TurnLease | None) -> bool:
     if not rows:
         return False
     if lease is not None:
-        owner, epoch = rows[0]
+        owner, epoch = rows[0][0], rows[0][1]
         if (owner or "") != lease.owner or int(epoch or 0) != lease.epoch:
             raise LeaseLost(lease.request_id)
     return True

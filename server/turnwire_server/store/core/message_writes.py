@@ -189,6 +189,20 @@ def prepare_finish_turn(
     )
 
 
+def _submission_ending(turn: TurnRecord, token: list[Any], now_us: int) -> list[Statement]:
+    """The end of the submission of ``turn``'s id that ``turn``'s end ends, when one is running
+    (``token``: :func:`~.fencing.lease_read`'s rows with ``running_submission``; a turn of a
+    ``Chat`` call has none, and its write runs no statement for it): its end state, and its
+    webhook outbox row, in this transaction (docs/semantics.md §7)."""
+    ended = submission_end(turn.state)
+    if ended is None or not token[0][2]:
+        return []
+    return [
+        Statement(_END_SUBMISSION, (ended, now_us, turn.error, turn.request_id)),
+        *deliveries_on_end([turn.request_id]),
+    ]
+
+
 def _stream_reads(finish: FinishTurn, dialect: Dialect) -> list[Statement]:
     """The read a finish's stream events need (none without events)."""
     return [] if finish.events is None else [stream_read(finish.turn.request_id, dialect)]
@@ -216,12 +230,13 @@ def finish_turn(finish: FinishTurn, dialect: Dialect, now_us: int) -> Program[No
     first = len(reads)
     if row is not None:
         reads += upsert_reads(turn.conversation_id, row)
-    reads.append(lease_read(turn.request_id, dialect))
+    reads.append(lease_read(turn.request_id, dialect, running_submission=True))
     reads.extend(stream_reads)
     found = yield reads
     stream = found.pop() if stream_reads else []
     if not holds_lease(found[-1], turn.lease):
         raise TurnNotFound(turn.request_id)
+    token = found[-1]
     writes = (
         []
         if row is None
@@ -244,10 +259,7 @@ def finish_turn(finish: FinishTurn, dialect: Dialect, now_us: int) -> Program[No
             ),
         )
     )
-    ended = submission_end(turn.state)
-    if ended is not None:
-        writes.append(Statement(_END_SUBMISSION, (ended, now_us, turn.error, turn.request_id)))
-        writes.extend(deliveries_on_end([turn.request_id]))  # the outbox row, in this transaction
+    writes.extend(_submission_ending(turn, token, now_us))
     yield writes
 
 
@@ -284,12 +296,13 @@ def roll_back_turn(
                 fetch=True,
             )
         )
-    reads.append(lease_read(turn.request_id, dialect))
+    reads.append(lease_read(turn.request_id, dialect, running_submission=True))
     reads.extend(stream_reads)
     found = yield reads
     stream = found.pop() if stream_reads else []
     if not holds_lease(found[-1], turn.lease):
         raise TurnNotFound(turn.request_id)
+    token = found[-1]
     writes: list[Statement] = []
     if message_ids:
         # Inherited ones among them become the conversation's own first (then deleted too).
@@ -325,9 +338,6 @@ def roll_back_turn(
             ),
         )
     )
-    ended = submission_end(turn.state)
-    if ended is not None:
-        writes.append(Statement(_END_SUBMISSION, (ended, now_us, turn.error, turn.request_id)))
-        writes.extend(deliveries_on_end([turn.request_id]))  # the outbox row, in this transaction
+    writes.extend(_submission_ending(turn, token, now_us))
     writes.extend(_stream_tail(finish, stream, dialect, now_us))
     yield writes
