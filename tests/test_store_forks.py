@@ -15,7 +15,12 @@ from support.stores import StoreBackend
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store import Store
-from turnwire_server.store.errors import ConversationExists, ForkPointNotFound, ForkSourceNotFound
+from turnwire_server.store.errors import (
+    ConversationExists,
+    ForkPointNotFound,
+    ForkSourceNotFound,
+    MessageIdConflict,
+)
 from turnwire_server.store.records import CompactionRecord
 
 
@@ -132,6 +137,36 @@ async def test_an_upsert_on_a_shared_message_changes_one_side_only(
     # position the fork shares.
     await store.add_messages("src", [text_message("s1", "later")], mode="append", allow_missing=False)
     assert [m for m, _ in _texts(await store.load_messages("fork"))] == ["m0", "m1", "m2", "m3"]
+
+
+async def test_a_turn_writing_a_message_the_fork_shares_changes_the_forks_copy_only(
+    store: Store, store_backend: StoreBackend
+) -> None:
+    """A turn's writes of its reply (``save_message`` checkpoints, ``finish_turn``) on a message
+    the fork shares with its source (a continuation of the shared last reply) take the fork's own
+    copy first, in the write's own batch; the source and a fork of the fork keep what they saw."""
+    await _conversation(store, "src", 2)  # m0 (user), m1 (assistant)
+    await store.fork_conversation("src", "m1", "fork")
+    await store.fork_conversation("fork", "m1", "grandchild")
+    turn = dataclasses.replace(
+        await started_turn(store, "fork", 0), assistant_message_id="m1", continuation=True
+    )
+    so_far = text_message("m1", "continued, so far", message_pb2.ROLE_ASSISTANT)
+    await store.save_message("fork", so_far, lease=turn.lease)
+    assert _rows(store_backend, "fork") == (2, 2)  # its input, and its own copy of m1
+    reply = text_message("m1", "continued to the end", message_pb2.ROLE_ASSISTANT)
+    await store.finish_turn(dataclasses.replace(turn, state="completed", end_time=T0), reply)
+    assert _texts(await store.load_messages("fork")) == [
+        ("m0", "text 0"),
+        ("m1", "continued to the end"),
+        ("fork-u0", "q"),
+    ]
+    assert _texts(await store.load_messages("src")) == [("m0", "text 0"), ("m1", "text 1")]
+    assert _texts(await store.load_messages("grandchild")) == [("m0", "text 0"), ("m1", "text 1")]
+    record = await store.get_conversation("fork")
+    assert record is not None and record.message_count == 3
+    with pytest.raises(MessageIdConflict):  # a shared message's role is the stored one's
+        await store.save_message("grandchild", text_message("m0", "no user's", message_pb2.ROLE_ASSISTANT))
 
 
 async def test_deleting_the_source_keeps_its_forks_readable(

@@ -19,7 +19,7 @@ from typing import Any, Final
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store.core.fencing import holds_lease, lease_read
-from turnwire_server.store.core.fork_rules import children_read, claim_reads, push_writes
+from turnwire_server.store.core.fork_rules import INHERITED, children_read, claim_reads, push_writes
 from turnwire_server.store.core.fork_writes import delete_guard_reads, delete_guard_writes
 from turnwire_server.store.core.rows import MessageRow, check_turn, message_insert_params, message_row, to_us
 from turnwire_server.store.core.sql import Dialect, Program, Statement, in_marks
@@ -45,8 +45,12 @@ __all__ = [
     "upserting",
 ]
 
-_CLAIMS: Final = 2  # statements of claim_reads for one message
-_STORED_ROLE: Final = "SELECT role FROM messages WHERE conversation_id = ? AND id = ?"
+_STORED_ROLE: Final = (
+    # The message's role where the conversation holds it (second column 0), else where it
+    # inherits it from a source (1: a fork's shared message, docs/forks.md), else no row.
+    "SELECT role, 0 FROM messages WHERE conversation_id = ? AND id = ?"
+    " UNION ALL SELECT m.role, 1" + INHERITED + " AND m.id = ?"
+)
 _UPDATE_MESSAGE: Final = (
     "UPDATE messages SET role = ?, create_time = ?, create_time_nanos = ?, metadata = ?,"
     f" version = {CURRENT_VERSION} WHERE conversation_id = ? AND id = ?"
@@ -70,8 +74,9 @@ def submission_end(turn_state: str) -> str | None:
 
 
 def stored_role_read(conversation_id: str, row: MessageRow) -> Statement:
-    """The read :func:`upsert_writes` decides on."""
-    return Statement(_STORED_ROLE, (conversation_id, row.id), fetch=True)
+    """The read :func:`upsert_writes` decides on: ``(role, inherited)`` of the message the
+    conversation holds or, a fork, shares with a source; no row for a new one."""
+    return Statement(_STORED_ROLE, (conversation_id, row.id, conversation_id, row.id), fetch=True)
 
 
 def upsert_writes(
@@ -102,27 +107,28 @@ def upsert_writes(
 
 
 def upsert_reads(conversation_id: str, row: MessageRow) -> list[Statement]:
-    """The reads :func:`upserting` decides on (after the conversation's lock): a fork's own copy
-    of the message taken first when it shares it (docs/forks.md), then its stored role and the
-    conversation's forks. :func:`upsert_found` picks their rows out of a batch's."""
-    return [
-        *claim_reads(conversation_id, (row.id,)),
-        stored_role_read(conversation_id, row),
-        children_read(conversation_id),
-    ]
+    """The reads :func:`upserting` decides on (after the conversation's lock): the message's
+    stored role, held or shared (a fork's, docs/forks.md), and the conversation's forks.
+    :func:`upsert_found` picks their rows out of a batch's."""
+    return [stored_role_read(conversation_id, row), children_read(conversation_id)]
 
 
 def upsert_found(found: list[Any], first: int) -> tuple[list[Any], list[Any]]:
     """The stored role and forks rows of :func:`upsert_reads` put at ``first`` in a batch."""
-    return found[first + _CLAIMS], found[first + _CLAIMS + 1]
+    return found[first], found[first + 1]
 
 
 def upserting(
     conversation_id: str, row: MessageRow, found: tuple[list[Any], list[Any]], dialect: Dialect, now_us: int
 ) -> list[Statement]:
-    """:func:`upsert_writes` after the forks that share the message got their copy of it."""
+    """:func:`upsert_writes`, after the conversation took its own copy of a message it shares
+    (a fork's: the write then changes the copy, docs/forks.md) and its forks that see the message
+    got theirs of the version they see. A message the conversation does not share costs no
+    statement for that (issue 33: two a write before)."""
     stored_role, children = found
+    claims = claim_reads(conversation_id, (row.id,)) if stored_role and stored_role[0][1] else []
     return [
+        *claims,
         *push_writes(conversation_id, (row.id,), children, dialect),
         *upsert_writes(conversation_id, row, stored_role, dialect, now_us),
     ]
