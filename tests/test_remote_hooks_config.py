@@ -146,7 +146,8 @@ async def test_the_subscriptions_are_asked_within_the_startup_timeout_not_the_pe
         await chain.configure_session(SESSION)
         assert chain.forward["before_turn"] == (remote,)
         (left,) = remaining
-        # The deadline the server was given (gRPC rounds it up to its wire unit): 30 s, not 0.05.
+        # The deadline the server was given: 30 s, not 0.05 (seen 30.1 on a loaded host: gRPC
+        # sends the time left from a clock it reads once per batch of work, which can be late).
         assert left is not None and 20 < left < 40
         assert isinstance(remote, RemoteMiddleware)
         await remote.aclose()
