@@ -58,6 +58,7 @@ from grpc_status import rpc_status
 
 from turnwire_server.access_settings import TenantShareSettings
 from turnwire_server.api.caller import current_caller
+from turnwire_server.api.kept_wrappers import KeptWrappers
 from turnwire_server.api.rpc_logging import Throttled, malformed_requests, short
 from turnwire_server.api.status import TurnwireStatusError, invalid_argument
 from turnwire_server.event_waits import set_within
@@ -213,9 +214,7 @@ class CallGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc is unt
         self._idle = asyncio.Event()
         self._idle.set()
         self._overload_reports = Throttled(log)
-        # Per method, the last handler wrapped and its wrapper (built once, not per call: it
-        # holds nothing of a call's; the server hands out the same handler object each call).
-        self._wrapped: dict[str, tuple[Any, Any]] = {}
+        self._wrappers = KeptWrappers()
 
     # --- counts ------------------------------------------------------------------------
 
@@ -377,13 +376,8 @@ class CallGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc is unt
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
-        method = handler_call_details.method
-        kept = self._wrapped.get(method)
-        if kept is not None and kept[0] is handler:
-            return kept[1]
-        wrapped = self._wrap(handler, method)
-        self._wrapped[method] = (handler, wrapped)
-        return wrapped
+        method: str = handler_call_details.method
+        return self._wrappers.wrapper(method, handler, lambda inner: self._wrap(inner, method))
 
     def _wrap(self, handler: Any, method: str) -> Any:
         kind = kind_of(method)

@@ -26,6 +26,7 @@ from typing import Any
 import grpc
 
 from turnwire_server.api import metrics
+from turnwire_server.api.kept_wrappers import KeptWrappers
 from turnwire_server.api.refusal import declared_shape
 from turnwire_server.api.rpc_logging import client_gone_types
 from turnwire_server.log_context import bind as bind_log_context
@@ -74,10 +75,7 @@ class RpcObserver(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc is 
     def __init__(self) -> None:
         self._gone = client_gone_types()
         self._methods: dict[str, _MethodMetrics] = {}
-        # Per method, the last handler wrapped and its wrapper: the server hands out the same
-        # handler object for each call (unless an interceptor after this one wraps per call), and
-        # the wrapper holds nothing of a call's, so it is built once, not per call.
-        self._wrapped: dict[str, tuple[Any, Any]] = {}
+        self._wrappers = KeptWrappers()
 
     async def intercept_service(
         self,
@@ -88,16 +86,14 @@ class RpcObserver(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc is 
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
-        method = handler_call_details.method
-        kept = self._wrapped.get(method)
-        if kept is not None and kept[0] is handler:
-            return kept[1]
+        method: str = handler_call_details.method
+        return self._wrappers.wrapper(method, handler, lambda inner: self._observed(method, inner))
+
+    def _observed(self, method: str, handler: Any) -> Any:
         observed = self._methods.get(method)
         if observed is None:
             observed = self._methods[method] = _MethodMetrics(method, handler)
-        wrapped = self._wrap(handler, observed)
-        self._wrapped[method] = (handler, wrapped)
-        return wrapped
+        return self._wrap(handler, observed)
 
     def _code(self, context: Context, error: BaseException | None) -> str:
         code = context.code()
