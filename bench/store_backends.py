@@ -106,7 +106,7 @@ async def _load(
 
 
 async def run_variant(variant: str, seconds: float, store_url: str) -> dict[str, float]:
-    from turnwire_server.app import start
+    from turnwire_server.app import start, tune_collector
     from turnwire_server.config import Settings
 
     port = free_port()
@@ -128,6 +128,7 @@ async def run_variant(variant: str, seconds: float, store_url: str) -> dict[str,
         limits={"shutdown_grace_seconds": 1},
     )
     sidecar = await start(settings)
+    tune_collector()  # as `turnwire serve` runs
     commits: list[float] = []
     if variant == "none":
         _null_store(sidecar.store)

@@ -279,7 +279,7 @@ async def serve_one(args: argparse.Namespace) -> dict[str, Any]:
     """This child's configuration: start, instrument, drive the client, return the ledger."""
     from _ttft_clients import Upstream
 
-    from turnwire_server.app import start
+    from turnwire_server.app import start, tune_collector
     from turnwire_server.config import Settings
 
     upstream = Upstream()
@@ -329,6 +329,7 @@ async def serve_one(args: argparse.Namespace) -> dict[str, Any]:
             if not args.profile_out:
                 instrument(marks)
             sidecar = await start(settings)
+            tune_collector()  # as `turnwire serve` runs: its collector settings (bench/turn_ledger.md)
             if not args.profile_out:
                 _coroutine(marks, sidecar.store, "start_turn", "commit")
                 _coroutine(marks, sidecar.store, "load_messages", "history")

@@ -186,7 +186,7 @@ PHASES = (
 async def run_variant(
     variant: str, levels: list[int], *, seconds: float, deltas: int, chunk_size: int, coalesce_ms: float
 ) -> tuple[list[Table], list[dict[str, Any]]]:
-    from turnwire_server.app import start
+    from turnwire_server.app import start, tune_collector
     from turnwire_server.config import Settings
 
     phase_tables: list[Table] = []
@@ -211,6 +211,7 @@ async def run_variant(
             limits={"shutdown_grace_seconds": 1},
         )
         sidecar = await start(settings)
+        tune_collector()  # as `turnwire serve` runs
         if variant == "null-store":
             patch_null_store(sidecar.store)
         rec = Recorder()

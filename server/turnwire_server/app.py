@@ -536,6 +536,17 @@ def _transport(settings: Settings) -> str:
     return "mutual TLS" if settings.tls.client_auth == "require" else "TLS"
 
 
+def tune_collector() -> None:
+    """Set the garbage collector for serving, once start-up is done (``turnwire serve``, and the
+    benches that measure a served turn): what start-up built (modules, descriptors, the engine)
+    lives as long as the process, so it is collected once and frozen out of the collector's full
+    passes, which otherwise walk it all each time (tens of ms at 100k+ objects) as objects held a
+    while (queued spans, stream buffers) pile up; then :data:`GC_THRESHOLDS`."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 async def serve(
     settings: Settings,
     *,
@@ -562,12 +573,7 @@ async def serve(
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
         raise
-    # What start-up built (modules, descriptors, the engine) lives as long as the process: keep it
-    # out of the collector's full passes, which otherwise walk it all each time (tens of ms at
-    # 100k+ objects) as objects held a while (queued spans, stream buffers) pile up.
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
+    tune_collector()
     stop = asyncio.Event()
     hurry = asyncio.Event()  # a signal during the drain window: skip what is left of it
     now = asyncio.Event()  # a signal during the shutdown grace: cancel the running turns now
