@@ -126,10 +126,23 @@ class Checkpointer:
             self.now()
 
     async def close(self) -> None:
-        """Stop checkpointing and wait for the write in flight (its errors are logged, not raised)."""
+        """Stop checkpointing and wait for the write in flight (its errors are logged, not raised).
+
+        Then the callbacks go (nothing calls them once closed): they lead back to the turn that
+        holds this checkpointer, and kept, the turn's objects would wait for the cycle collector
+        instead of going when it ends (docs/architecture.md, "A turn's objects")."""
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         while self._in_flight is not None and not self._in_flight.done():
             await asyncio.shield(self._in_flight)
+        self._save, self._snapshot, self._lost = _closed_save, _nothing, None
+
+
+async def _closed_save(message: message_pb2.Message) -> None:
+    raise RuntimeError("a closed Checkpointer saves nothing")
+
+
+def _nothing() -> None:
+    return None

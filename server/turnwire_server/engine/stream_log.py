@@ -324,3 +324,7 @@ class StreamLog:
         ending = self._started and ended and self._stored_end is None
         if self._recording and (self._unstored or ending):
             await self._flush(ended=ended)
+        # The turn's last write is done: the fence's callbacks lead back to the turn, and kept,
+        # its objects would wait for the cycle collector (docs/architecture.md, "A turn's objects").
+        lease = self._lease()
+        self._lease, self._lost = (lambda: lease), None

@@ -117,6 +117,11 @@ class TurnRun(TurnAttempts):
             self.ended = True
             self.writer.close()
             self._count()
+            # Links that lead back here and are used only while the turn runs (docs/architecture.md,
+            # "A turn's objects"): its task (whose context holds this run) and the call ids' view
+            # of its transcript.
+            self._task = None
+            self.state.call_ids = None
 
     def _refused(self, refusal: BudgetRefused) -> None:
         """A budget the turn would run under is spent (found by its admission, or by the
