@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import weakref
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from support.engine_harness import EngineFactory, Harness, collect, echo, end_of, make_tool
@@ -32,10 +33,19 @@ def collector_off() -> Iterator[None]:
         gc.enable()
 
 
-async def _ended_turn_is_freed(h: Harness, text: str) -> None:
-    handle = await h.start(text)
+async def _ended_turn_is_freed(
+    h: Harness,
+    text: str,
+    *,
+    status: event_pb2.TurnStatus.ValueType = event_pb2.TURN_STATUS_COMPLETED,
+    cancel: bool = False,
+    **request: Any,
+) -> None:
+    handle = await h.start(text, **request)
+    if cancel:
+        handle.run.cancel()
     events = await collect(handle)
-    assert end_of(events).status == event_pb2.TURN_STATUS_COMPLETED, events[-1]
+    assert end_of(events).status == status, events[-1]
     run = weakref.ref(handle.run)
     del handle
     # The engine's own hold (its table of turns) goes when the turn's task has stored its tail.
@@ -90,3 +100,18 @@ async def test_a_turn_with_hooks_is_freed_without_the_collector(
     h = await make_engine(scripts={"main": [ScriptStep(text="Hello there.")]}, middlewares=[watching])
     await _ended_turn_is_freed(h, "hi")
     assert {"before_step", "on_chunk", "on_step_finish", "on_chat_response"} <= set(watching.seen)
+
+
+async def test_a_turn_without_a_model_step_is_freed_without_the_collector(
+    make_engine: EngineFactory, collector_off: None
+) -> None:
+    # SaveMessages' turn when the history does not ask for a reply: its checkpointer never ran.
+    h = await make_engine(scripts={"main": [ScriptStep(text="unused")]}, strict=False)
+    await _ended_turn_is_freed(h, "hi", status=event_pb2.TURN_STATUS_SKIPPED, skip_unless="history")
+
+
+async def test_a_cancelled_turn_is_freed_without_the_collector(
+    make_engine: EngineFactory, collector_off: None
+) -> None:
+    h = await make_engine(scripts={"main": [ScriptStep(text="a b c d e f", delay_ms=50)]}, strict=False)
+    await _ended_turn_is_freed(h, "hi", status=event_pb2.TURN_STATUS_ABORTED, cancel=True)

@@ -74,7 +74,9 @@ class Checkpointer:
         if snapshot is None:
             return
         self._dirty = False
-        self._in_flight = asyncio.create_task(self._write(snapshot), name=f"checkpoint {self._name}")
+        # The save function goes with the write: a detach before the task runs does not stop it.
+        write = self._write(self._save, snapshot)
+        self._in_flight = asyncio.create_task(write, name=f"checkpoint {self._name}")
 
     async def take(self) -> message_pb2.Message | None:
         """The reply so far, for another write of the turn to store as this checkpoint (a
@@ -111,9 +113,11 @@ class Checkpointer:
             return False
         return True
 
-    async def _write(self, snapshot: message_pb2.Message) -> None:
+    async def _write(
+        self, save: Callable[[message_pb2.Message], Awaitable[None]], snapshot: message_pb2.Message
+    ) -> None:
         try:
-            await self._save(snapshot)
+            await save(snapshot)
         except LeaseLost as error:  # another replica runs the turn: nothing more of it here
             self._closed = True
             if self._lost is not None:
@@ -126,18 +130,27 @@ class Checkpointer:
             self.now()
 
     async def close(self) -> None:
-        """Stop checkpointing and wait for the write in flight (its errors are logged, not raised).
+        """Stop checkpointing and wait for the write in flight (its errors are logged, not raised);
+        then :meth:`detach`."""
+        self._stop()
+        while self._in_flight is not None and not self._in_flight.done():
+            await asyncio.shield(self._in_flight)
+        self.detach()
 
-        Then the callbacks go (nothing calls them once closed): they lead back to the turn that
-        holds this checkpointer, and kept, the turn's objects would wait for the cycle collector
-        instead of going when it ends (docs/architecture.md, "A turn's objects")."""
+    def detach(self) -> None:
+        """Stop checkpointing without waiting (a write already started finishes; a refusal of it
+        is reported to no one) and drop the callbacks: they lead back to the turn that holds this
+        checkpointer, and kept, the turn's objects would wait for the cycle collector instead of
+        going when it ends (docs/architecture.md, "A turn's objects"). The turn calls it as it
+        ends, whichever way it ended."""
+        self._stop()
+        self._save, self._snapshot, self._lost = _closed_save, _nothing, None
+
+    def _stop(self) -> None:
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        while self._in_flight is not None and not self._in_flight.done():
-            await asyncio.shield(self._in_flight)
-        self._save, self._snapshot, self._lost = _closed_save, _nothing, None
 
 
 async def _closed_save(message: message_pb2.Message) -> None:

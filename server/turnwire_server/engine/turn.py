@@ -118,10 +118,11 @@ class TurnRun(TurnAttempts):
             self.writer.close()
             self._count()
             # Links that lead back here and are used only while the turn runs (docs/architecture.md,
-            # "A turn's objects"): its task (whose context holds this run) and the call ids' view
-            # of its transcript.
+            # "A turn's objects"): its task (whose context holds this run), the call ids' view of
+            # its transcript, the checkpointer's callbacks (closed already unless no step ran).
             self._task = None
             self.state.call_ids = None
+            self.state.checkpoints.detach()
 
     def _refused(self, refusal: BudgetRefused) -> None:
         """A budget the turn would run under is spent (found by its admission, or by the
