@@ -28,7 +28,7 @@ from turnwire.testing import ScriptedError, ScriptStep
 from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.engine.errors import TurnNotHere
 from turnwire_server.engine.resume import replay
-from turnwire_server.engine.stream_log import RECOVERY_SEQUENCE_GAP
+from turnwire_server.engine.stream_log import RECOVERY_SEQUENCE_GAP, Subscription
 from turnwire_server.store.records import TurnRecord
 
 
@@ -288,6 +288,39 @@ async def test_a_turn_that_started_and_ended_between_the_readers_looks_is_replay
     replayed = await _replayed(h, "r-between")
     assert kinds(replayed) == kinds(events)
     assert len(looks) == 2
+
+
+async def test_a_turn_that_started_here_between_the_readers_looks_is_followed_live(
+    make_engine: EngineFactory,
+) -> None:
+    """The reader found the turn not running here, then its turn row running without a stream:
+    it started here between the two looks (CI: a scheduled fire's WatchSubmission, SERVER_RESTARTED
+    on one process). It is followed live to its end, not UNAVAILABLE as a crash's turn."""
+    # Deltas 200 ms apart and no checkpoint write before the end: the turn runs, unstored, a while.
+    h = await make_engine(
+        scripts={"main": [ScriptStep(text="one two three", delay_ms=200)]}, checkpoint_interval_ms=60_000
+    )
+    handle = await h.start("question", request_id="r-here")
+    turn = await wait_until(lambda: h.store.get_turn("r-here"), what="the turn's row stored")
+    assert turn is not None and turn.state == "running"
+    assert await h.store.get_stream("r-here") is None
+    looks: list[str] = []
+
+    def late(request_id: str) -> Subscription | None:
+        looks.append(request_id)
+        return None if len(looks) == 1 else h.engine.subscribe(request_id)
+
+    replayed = [
+        event
+        async for batch in replay(
+            "r-here", 0, store=h.store, subscribe=late, retention_seconds=0, follow_seconds=0.05
+        )
+        for event in batch
+    ]
+    assert kinds(replayed)[0] == "turn_start"
+    assert kinds(replayed)[-1] == "turn_end"
+    assert len(looks) == 2
+    assert kinds(replayed) == kinds(await collect(handle))
 
 
 async def test_a_rolled_back_turn_stores_its_turn_end_with_the_rollback(make_engine: EngineFactory) -> None:

@@ -58,8 +58,9 @@ async def replay(
     last = after
     waited_at: int | None = None  # where the last wait for another replica's events began
     limits = (batch_events, batch_bytes)
+    live: Subscription | None = None
     while True:
-        live = subscribe(request_id)
+        live = live or subscribe(request_id)
         if live is not None:
             try:
                 stored = await store.load_events(request_id, last, before=live.first_unstored)
@@ -79,11 +80,16 @@ async def replay(
                 live.close()
             if not live.overflowed:
                 return
+            live = None
             continue
         stream = await _stream(request_id, store, retention_seconds)
         if stream is None:
-            # Started on another replica, its first events not stored yet: follow it.
-            if not await store.wait_for_events(request_id, last, follow_seconds):
+            # Started on another replica, its first events not stored yet: follow it. Or started
+            # here since the look above (its turn row written between the two looks: a scheduled
+            # fire's watch, seen in CI): follow it live.
+            if await store.wait_for_events(request_id, last, follow_seconds):
+                continue
+            if (live := subscribe(request_id)) is None:
                 raise TurnNotHere(request_id)
             continue
         for batch in _batches(await store.load_events(request_id, last), *limits):
@@ -98,9 +104,12 @@ async def replay(
             return
         waited_at = last
         if not await store.wait_for_events(request_id, last, follow_seconds):
-            # One process per store: nothing else will write this stream.
+            # One process per store: nothing else will write this stream, unless it has come to
+            # run here since the look above (a recovery).
             if (ended := await _ended_turn(request_id, store)) is None:
-                raise TurnNotHere(request_id)
+                if (live := subscribe(request_id)) is None:
+                    raise TurnNotHere(request_id)
+                continue
             yield [await recorded_end(ended, last, store)]
             return
 
