@@ -106,7 +106,8 @@ async def _load(
 
 
 async def run_variant(variant: str, seconds: float, store_url: str) -> dict[str, float]:
-    from turnwire_server.app import start, tune_collector
+    from turnwire_server.app import start
+    from turnwire_server.collector import tune_collector
     from turnwire_server.config import Settings
 
     port = free_port()

@@ -279,7 +279,8 @@ async def serve_one(args: argparse.Namespace) -> dict[str, Any]:
     """This child's configuration: start, instrument, drive the client, return the ledger."""
     from _ttft_clients import Upstream
 
-    from turnwire_server.app import start, tune_collector
+    from turnwire_server.app import start
+    from turnwire_server.collector import tune_collector
     from turnwire_server.config import Settings
 
     upstream = Upstream()

@@ -186,7 +186,8 @@ PHASES = (
 async def run_variant(
     variant: str, levels: list[int], *, seconds: float, deltas: int, chunk_size: int, coalesce_ms: float
 ) -> tuple[list[Table], list[dict[str, Any]]]:
-    from turnwire_server.app import start, tune_collector
+    from turnwire_server.app import start
+    from turnwire_server.collector import tune_collector
     from turnwire_server.config import Settings
 
     phase_tables: list[Table] = []

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import signal
 from collections.abc import Awaitable, Callable
@@ -64,6 +63,7 @@ from turnwire_server.background import (
 )
 from turnwire_server.cache_budget import CACHES
 from turnwire_server.closing import close_within
+from turnwire_server.collector import tune_collector
 from turnwire_server.config import Settings
 from turnwire_server.engine import TurnEngine
 from turnwire_server.engine.detached_subagents import DetachedResults
@@ -92,13 +92,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("turnwire.server")
 
-GC_THRESHOLDS = (10_000, 10, 10)
-"""``gc.set_threshold`` of ``turnwire serve`` once started (Python's default: 700, 10, 10). A turn
-in flight holds a few thousand young objects (events, records, the SDK's request and response):
-at 700 the youngest pass runs several times per turn and promotes what is merely in flight, so
-objects that die a moment later fill the older generations and set off full passes (tens of ms
-each over the objects loaded after start-up, the price list among them). At 10,000 most of a
-turn's objects die before a pass sees them (bench/ttft.md, "Issue 33: per-request CPU")."""
 
 _TURN_END_MARGIN_SECONDS = 5.0
 
@@ -534,17 +527,6 @@ def _transport(settings: Settings) -> str:
     if settings.tls is None:
         return "plaintext"
     return "mutual TLS" if settings.tls.client_auth == "require" else "TLS"
-
-
-def tune_collector() -> None:
-    """Set the garbage collector for serving, once start-up is done (``turnwire serve``, and the
-    benches that measure a served turn): what start-up built (modules, descriptors, the engine)
-    lives as long as the process, so it is collected once and frozen out of the collector's full
-    passes, which otherwise walk it all each time (tens of ms at 100k+ objects) as objects held a
-    while (queued spans, stream buffers) pile up; then :data:`GC_THRESHOLDS`."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
 
 
 async def serve(
