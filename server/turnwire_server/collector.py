@@ -2,9 +2,10 @@
 measurements: bench/ttft.md, "Issue 33: per-request CPU" and "the collector's passes").
 
 ``turnwire serve`` calls :func:`tune_collector` once start-up is done; the benches that run a
-sidecar in process call it too, so they measure the collector a served turn meets. A turn's own
-objects do not need the collector at all: they are freed by reference counting when it ends
-(docs/architecture.md, "A turn's objects").
+sidecar in process call it too, so they measure the collector a served turn meets
+(``bench/gc_probe`` records its passes). A turn's own objects do not need the collector unless it
+ended in an error: they are freed by reference counting when it ends (docs/architecture.md, "A
+turn's objects").
 """
 
 from __future__ import annotations
