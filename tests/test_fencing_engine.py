@@ -8,6 +8,7 @@ once, and the stored stream holds B's attempt only.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from typing import Any
 
 from google.rpc import error_details_pb2
@@ -79,4 +80,48 @@ async def test_a_replica_whose_turn_was_taken_over_writes_nothing_more(make_engi
     assert kinds.count("turn_end") == 1 and stored[-1].turn_end.status == event_pb2.TURN_STATUS_COMPLETED
     before_b = kinds[: kinds.index("attempt_start")]
     assert "text_delta" not in before_b, "nothing A streamed after the takeover was stored"
+    await b.drain(1.0)
+
+
+async def test_a_turn_taken_over_as_it_finishes_ends_lease_lost_at_once(make_engine: EngineFactory) -> None:
+    """The takeover lands between A's last stored write and its final write: the store refuses
+    the final write (``LeaseLost``), and A's caller is told so at once, not after the final
+    write's patience for a store outage (``durability.store_outage_seconds``): a lost lease does
+    not come back, so that write is not retried (chaos probe: a sender waited out the minute)."""
+    a = await make_engine(
+        scripts={"main": [ScriptStep(text="a short answer")]},
+        checkpoint_interval_ms=60_000,
+        replica_id="replica-a",
+        store_outage_seconds=20,
+    )
+    b = TurnEngine(
+        store=a.store,
+        providers=ProviderRegistry({"scripted": a.provider}),
+        tools={},
+        chain=a.chain,
+        settings=engine_settings(checkpoint_interval_ms=60_000, replica_id="replica-b"),
+        error_status=status_of,
+    )
+    finish_turn = a.store.finish_turn
+    attempts: list[str] = []
+
+    async def taken_over_first(record: Any, *args: Any, **kwargs: Any) -> Any:
+        attempts.append(record.owner)
+        if len(attempts) == 1:  # A's final write: B claims the turn just before it lands
+            # (in a context of its own: from A's task, B's recovery would be a nested turn)
+            claim = asyncio.get_running_loop().create_task(b.recover(), context=contextvars.Context())
+            assert await claim == 1
+        return await finish_turn(record, *args, **kwargs)
+
+    a.store.finish_turn = taken_over_first  # type: ignore[method-assign,assignment]
+    handle = await a.start("question", request_id="r1")
+    events = await asyncio.wait_for(collect(handle), 10)
+    end = end_of(events)
+    assert end.status == event_pb2.TURN_STATUS_INTERRUPTED
+    assert detail(end.error, error_details_pb2.ErrorInfo).reason == "LEASE_LOST"
+    assert attempts[:2] == ["replica-a", "replica-b"], "A's refused final write was not tried again"
+
+    await wait_until(lambda: b.running == 0 and a.provider.calls == 2, timeout=10, what="B's recovery ends")
+    record = await a.store.get_turn("r1")
+    assert record is not None and (record.state, record.owner) == ("completed", "replica-b")
     await b.drain(1.0)

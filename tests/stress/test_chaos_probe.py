@@ -330,17 +330,26 @@ def _replica_id(log: Path) -> str:
 
 async def turn_ends(target: str, request_ids: list[str]) -> dict[str, int]:
     """How many ``TurnEnd`` events each turn's stored stream holds (ResumeTurn from the start);
-    a turn never started (its message not acknowledged) is left out."""
+    a turn never started (its message not acknowledged) is left out. A read refused with
+    ``UNAVAILABLE`` is retried after its ``RetryInfo`` delay, as a client does: right after the
+    last fault the replica may not have seen the database answer again yet (its listener
+    reconnects with backoff; docs/operate/outages.md)."""
     ends: dict[str, int] = {}
+    loop = asyncio.get_running_loop()
     async with TurnwireClient(target) as client:
         for request_id in request_ids:
-            try:
-                events = [event async for event in client.resume_turn(request_id)]
-            except TurnwireError as error:
-                if error.code == grpc.StatusCode.NOT_FOUND:
-                    continue
-                raise
-            ends[request_id] = sum(event.HasField("turn_end") for event in events)
+            deadline = loop.time() + SEND_DEADLINE_SECONDS
+            while True:
+                try:
+                    events = [event async for event in client.resume_turn(request_id)]
+                    ends[request_id] = sum(event.HasField("turn_end") for event in events)
+                except TurnwireError as error:
+                    if error.code == grpc.StatusCode.UNAVAILABLE and loop.time() < deadline:
+                        await asyncio.sleep(error.retry_delay or 0.2)  # the delay the server asked for
+                        continue
+                    if error.code != grpc.StatusCode.NOT_FOUND:
+                        raise
+                break
     return ends
 
 

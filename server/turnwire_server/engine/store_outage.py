@@ -6,7 +6,11 @@ turn cannot go on without. When it fails because the store is unavailable (a ret
 :class:`~turnwire_server.store.errors.StoreError`: the database restarting or cut off, a full
 disk), it is retried with backoff for up to ``durability.store_outage_seconds``; the turn ends
 once it is stored, so its caller gets the turn's real end instead of an error that leaves the
-turn running in the store. A refusal (not retryable) and a longer outage are raised as they are.
+turn running in the store. A refusal (:class:`~turnwire_server.store.errors.StoreRefusal`) and a
+longer outage are raised as they are: a refusal answers the write itself, and the same write gets
+the same answer. That holds for the refusals a *client* may retry too (``LeaseLost``: the turn
+went on elsewhere, and a lost lease does not come back; retried, the caller would wait out the
+whole patience before hearing so).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
-from turnwire_server.store.errors import StoreError
+from turnwire_server.store.errors import StoreError, StoreRefusal
 
 __all__ = ["until_stored"]
 
@@ -38,16 +42,17 @@ async def until_stored(
     retry_on: type[StoreError] = StoreError,
 ) -> T:
     """``await write()``, retried while it raises a retryable ``retry_on`` (a
-    :class:`StoreError` kind) and less than ``patience_seconds`` (seconds, >= 0; 0: one attempt)
-    passed since the first failure. ``what`` names the write in the log. Raises the last error
-    otherwise (and any other error at once)."""
+    :class:`StoreError` kind) that is not a :class:`StoreRefusal`, and less than
+    ``patience_seconds`` (seconds, >= 0; 0: one attempt) passed since the first failure.
+    ``what`` names the write in the log. Raises the last error otherwise (and any other error
+    at once)."""
     started: float | None = None
     attempt = 0
     while True:
         try:
             return await write()
         except StoreError as error:
-            if not (error.retryable and isinstance(error, retry_on)):
+            if not error.retryable or not isinstance(error, retry_on) or isinstance(error, StoreRefusal):
                 raise
             now = time.monotonic()
             if started is None:

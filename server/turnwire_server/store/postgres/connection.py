@@ -308,6 +308,7 @@ class PostgresConnection(CoreWrites, CoreReads, CoreSchedules, CoreWebhooks):
         if pool is None:
             raise StoreError(f"postgres store: {what}: store is not open")
         if not self._listener.reachable:
+            self._listener.nudge()  # a caller is waiting: the listener's next attempt is now
             raise StoreUnreachable(
                 f"postgres store: {what}: the database is unreachable",
                 public=f"postgres store: {what}: the database cannot be reached; retry shortly",

@@ -27,7 +27,10 @@ notifications it sends ``SELECT 1`` every ``PROBE_SECONDS`` and waits at most ``
 for the answer, so a restarted server (the connection reset) and a cut route (no answer) are
 both noticed within a few seconds without a connection of its own. :attr:`Listener.reachable`
 is False from then until a new connection has ``LISTEN``\\ ed again; the store refuses work at
-once meanwhile, and the health service reports NOT_SERVING (docs/operate/outages.md).
+once meanwhile, and the health service reports NOT_SERVING (docs/operate/outages.md). Between
+reconnect attempts it backs off (up to 2 s); a call the store refuses meanwhile cuts that wait
+short (:meth:`Listener.nudge`, at most one attempt per ``_RECONNECT_SECONDS[0]``), so a replica
+with callers serves again as soon as the database answers, not up to a backoff later.
 
 Why not a queue library (procrastinate and the like): a turn is not a job to hand to any
 worker, it runs on the replica that received the call (its caller streams from there), so what
@@ -83,6 +86,7 @@ class Listener:
         self.offered = asyncio.Event()  # set by a submission offered to any replica
         self._stopping = False
         self.connected = asyncio.Event()
+        self._nudged = asyncio.Event()
         self.reachable = True
         """False while the database is known gone: from a failed round trip (here, or a pooled
         connection's, :meth:`suspect`) until the listener has connected and ``LISTEN``\\ ed again."""
@@ -96,6 +100,12 @@ class Listener:
                 "postgres store: the database stopped answering; refusing work until it answers again"
             )
         self.reachable = False
+
+    def nudge(self) -> None:
+        """Work was refused because the database was gone: try reconnecting now rather than
+        after the rest of the backoff (the attempt still waits ``_RECONNECT_SECONDS[0]`` after the
+        last one, so a flood of refused calls makes no flood of connection attempts)."""
+        self._nudged.set()
 
     def start(self) -> None:
         """Start listening (idempotent)."""
@@ -152,7 +162,7 @@ class Listener:
                 delay = _RECONNECT_SECONDS[min(failures, len(_RECONNECT_SECONDS) - 1)]
                 failures += 1
                 log.warning("postgres listener: cannot connect (%s); retrying in %.1f s", error, delay)
-                await asyncio.sleep(delay)
+                await self._back_off(delay)
                 continue
             try:
                 for channel in _CHANNELS:
@@ -175,6 +185,16 @@ class Listener:
                 self.connected.clear()
                 with contextlib.suppress(psycopg.Error):
                     await conn.close()
+
+    async def _back_off(self, delay: float) -> None:
+        """Wait ``delay`` seconds before the next connection attempt, or less once
+        :meth:`nudge`\\ d (but at least the first backoff step)."""
+        floor = min(delay, _RECONNECT_SECONDS[0])
+        self._nudged.clear()
+        await asyncio.sleep(floor)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay - floor):
+                await self._nudged.wait()
 
     async def _listen(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Dispatch notifications; every :data:`PROBE_SECONDS` one round trip proves the database
