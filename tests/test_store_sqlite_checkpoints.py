@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sqlite3
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -18,7 +19,7 @@ from support.waiting import wait_until
 from turnwire_server.store.sqlite.wal_checkpoints import (
     BACKSTOP_PAGES,
     COMMITS_PER_CHECKPOINT,
-    RESTART_FRAMES,
+    RESTART_BYTES,
     WalCheckpoints,
 )
 from turnwire_server.store.sqlite.writer import SqliteWriter
@@ -52,6 +53,15 @@ async def _commits(writer: SqliteWriter, count: int, *, size: int = 100) -> None
         )
 
 
+async def _largest_log(writer: SqliteWriter, path: Path, count: int) -> int:
+    """``count`` commits of ~4 pages each; the ``-wal`` file's largest size after one (bytes)."""
+    largest = 0
+    for _ in range(count):
+        await _commits(writer, 1, size=3 * PAGE)
+        largest = max(largest, os.stat(path).st_size)  # a test: one stat between commits
+    return largest
+
+
 def _checkpoints(writer: SqliteWriter) -> WalCheckpoints:
     assert writer.checkpoints is not None, "a WAL database has background checkpoints"
     return writer.checkpoints
@@ -78,9 +88,8 @@ async def test_a_checkpoint_runs_on_its_own_thread_every_so_many_commits(writer:
 async def test_the_log_stays_bounded_under_continuous_writes(writer: SqliteWriter, tmp_path: Path) -> None:
     """Passive checkpoints running while the writer appends never find the log fully copied, so
     SQLite would never start it over: the writer's checkpoint past the backstop does."""
-    await _commits(writer, 2_500, size=3 * PAGE)  # ~4 pages a commit: ~10,000 frames appended
+    wal = await _largest_log(writer, tmp_path / "store.db-wal", 2_500)  # ~10,000 frames appended
     assert _checkpoints(writer).runs > 0
-    wal = (tmp_path / "store.db-wal").stat().st_size
     assert wal <= 2 * BACKSTOP_PAGES * (PAGE + 24), f"the log grew to {wal:,} bytes"
 
 
@@ -89,14 +98,49 @@ async def test_the_log_stays_bounded_when_the_writers_own_checkpoints_never_star
 ) -> None:
     """The writer's backstop is passive: it fails while a background checkpoint runs, and a CI run
     once saw it lose that race for 2,500 commits (the log at 52 MB, as with no backstop at all).
-    With it off, the background checkpoints' RESTART past ``RESTART_FRAMES`` keeps the bound."""
+    With it off, the writer's TRUNCATE once the file is past ``RESTART_BYTES`` keeps the bound
+    (a RESTART from the background thread lost to the writer's transactions, and one due when a
+    background checkpoint reported the log's length came as late as those ran, on a loaded CI
+    machine: the log at 34 MB)."""
     await writer.submit(_write("PRAGMA wal_autocheckpoint=0"), "no backstop", urgent=True)
-    await _commits(writer, 2_500, size=3 * PAGE)
+    wal = await _largest_log(writer, tmp_path / "store.db-wal", 2_500)
     checkpoints = _checkpoints(writer)
     assert checkpoints.restarts > 0, checkpoints.restarts
-    wal = (tmp_path / "store.db-wal").stat().st_size
     assert wal <= 2 * BACKSTOP_PAGES * (PAGE + 24), f"the log grew to {wal:,} bytes"
-    assert RESTART_FRAMES > BACKSTOP_PAGES  # never reached while the writer's own start it over
+    assert RESTART_BYTES > BACKSTOP_PAGES * (PAGE + 24)  # not reached while the writer's own work
+
+
+async def test_a_reader_on_an_old_snapshot_holds_the_restart_off_and_the_writes_go_on(
+    writer: SqliteWriter, tmp_path: Path
+) -> None:
+    """A RESTART waits for readers still on an older snapshot (at most ``RESTART_WAIT_S``): kept
+    busy, it is tried again after the next commit, the commits go on meanwhile, and once the
+    reader is done the log is started over."""
+    await writer.submit(_write("PRAGMA wal_autocheckpoint=0"), "no backstop", urgent=True)
+    reader = sqlite3.connect(tmp_path / "store.db", isolation_level=None)
+    try:
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM rows").fetchone()  # a snapshot of the log as it is now
+        checkpoints = _checkpoints(writer)
+        inserted = 0
+        while not checkpoints.restart_due and inserted < 2_500:
+            await _commits(writer, 1, size=3 * PAGE)
+            inserted += 1
+        assert checkpoints.restart_due, "the writer found the log past RESTART_BYTES"
+        await _commits(writer, 3)  # each followed by a RESTART the reader keeps busy
+        assert checkpoints.restarts == 0 and checkpoints.restart_due
+        reader.execute("COMMIT")
+    finally:
+        reader.close()
+    await _commits(writer, 1)
+    assert checkpoints.restarts == 1 and not checkpoints.restart_due
+    written: list[int] = []
+    await writer.submit(
+        lambda conn, _: written.append(conn.execute("SELECT count(*) FROM rows").fetchone()[0]),
+        "count",
+        urgent=True,
+    )
+    assert written == [inserted + 3 + 1]  # every commit went through, the held-off ones too
 
 
 async def test_a_failing_checkpoint_stops_them_and_the_writes_go_on(
@@ -104,7 +148,7 @@ async def test_a_failing_checkpoint_stops_them_and_the_writes_go_on(
 ) -> None:
     checkpoints = _checkpoints(writer)
 
-    def fails() -> tuple[int, int, int, bool]:
+    def fails() -> tuple[int, int, int]:
         raise sqlite3.OperationalError("disk I/O error")
 
     monkeypatch.setattr(checkpoints, "_checkpoint", fails)
@@ -131,7 +175,7 @@ async def test_closing_the_writer_waits_for_a_running_checkpoint(tmp_path: Path)
     started, release = threading.Event(), threading.Event()
     checkpoint = checkpoints._checkpoint
 
-    def held() -> tuple[int, int, int, bool]:
+    def held() -> tuple[int, int, int]:
         started.set()
         release.wait(10)
         return checkpoint()

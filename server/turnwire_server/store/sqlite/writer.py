@@ -261,6 +261,8 @@ class SqliteWriter:
                 with suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
             raise
+        if self.checkpoints is not None:  # the log's bound (one stat of the -wal file)
+            self.checkpoints.after_commit(conn, BUSY_TIMEOUT_MS)
         return outcomes
 
 
