@@ -12,7 +12,7 @@ import contextvars
 from typing import Any
 
 from google.rpc import error_details_pb2
-from support.engine_harness import EngineFactory, collect, detail, end_of, engine_settings, text_of
+from support.engine_harness import EngineFactory, Harness, collect, detail, end_of, engine_settings, text_of
 from support.waiting import wait_until
 
 from turnwire.testing import ScriptStep
@@ -24,16 +24,21 @@ from turnwire_server.providers.registry import ProviderRegistry
 SCRIPTS = {"main": [ScriptStep(text="the whole answer, word by word", delay_ms=2, repeat=True)]}
 
 
-async def test_a_replica_whose_turn_was_taken_over_writes_nothing_more(make_engine: EngineFactory) -> None:
-    a = await make_engine(scripts=SCRIPTS, checkpoint_interval_ms=5, replica_id="replica-a")
-    b = TurnEngine(
+def replica_b(a: Harness, *, checkpoint_interval_ms: int) -> TurnEngine:
+    """A second engine on ``a``'s store, provider and chain: replica B."""
+    return TurnEngine(
         store=a.store,
         providers=ProviderRegistry({"scripted": a.provider}),
         tools={},
         chain=a.chain,
-        settings=engine_settings(checkpoint_interval_ms=5, replica_id="replica-b"),
+        settings=engine_settings(checkpoint_interval_ms=checkpoint_interval_ms, replica_id="replica-b"),
         error_status=status_of,
     )
+
+
+async def test_a_replica_whose_turn_was_taken_over_writes_nothing_more(make_engine: EngineFactory) -> None:
+    a = await make_engine(scripts=SCRIPTS, checkpoint_interval_ms=5, replica_id="replica-a")
+    b = replica_b(a, checkpoint_interval_ms=5)
     stalled = asyncio.Event()
 
     async def stall_first_call(request: Any) -> None:
@@ -94,14 +99,7 @@ async def test_a_turn_taken_over_as_it_finishes_ends_lease_lost_at_once(make_eng
         replica_id="replica-a",
         store_outage_seconds=20,
     )
-    b = TurnEngine(
-        store=a.store,
-        providers=ProviderRegistry({"scripted": a.provider}),
-        tools={},
-        chain=a.chain,
-        settings=engine_settings(checkpoint_interval_ms=60_000, replica_id="replica-b"),
-        error_status=status_of,
-    )
+    b = replica_b(a, checkpoint_interval_ms=60_000)
     finish_turn = a.store.finish_turn
     attempts: list[str] = []
 
