@@ -29,7 +29,7 @@ both noticed within a few seconds without a connection of its own. :attr:`Listen
 is False from then until a new connection has ``LISTEN``\\ ed again; the store refuses work at
 once meanwhile, and the health service reports NOT_SERVING (docs/operate/outages.md). Between
 reconnect attempts it backs off (up to 2 s); a call the store refuses meanwhile cuts that wait
-short (:meth:`Listener.nudge`, at most one attempt per ``_RECONNECT_SECONDS[0]``), so a replica
+short (:meth:`Listener.nudge`, at most one attempt per :data:`NUDGED_SECONDS`), so a replica
 with callers serves again as soon as the database answers, not up to a backoff later.
 
 Why not a queue library (procrastinate and the like): a turn is not a job to hand to any
@@ -59,6 +59,10 @@ EVENTS_CHANNEL = "turnwire_events"
 SUBMISSIONS_CHANNEL = "turnwire_submissions"
 _CHANNELS = (QUEUE_CHANNEL, CANCEL_CHANNEL, EVENTS_CHANNEL, SUBMISSIONS_CHANNEL)
 _RECONNECT_SECONDS = (0.1, 0.5, 1.0, 2.0)
+NUDGED_SECONDS = 0.5
+"""The shortest wait between two reconnect attempts when refused calls cut the backoff short:
+a server refusing connections because it has too many (counted gone) gets at most two attempts
+a second from each replica, not one per refused call."""
 PROBE_SECONDS = 1.0
 """Seconds between the listener's round trips when no notification comes."""
 PROBE_TIMEOUT_SECONDS = 3.0
@@ -103,7 +107,7 @@ class Listener:
 
     def nudge(self) -> None:
         """Work was refused because the database was gone: try reconnecting now rather than
-        after the rest of the backoff (the attempt still waits ``_RECONNECT_SECONDS[0]`` after the
+        after the rest of the backoff (the attempt still waits :data:`NUDGED_SECONDS` after the
         last one, so a flood of refused calls makes no flood of connection attempts)."""
         self._nudged.set()
 
@@ -188,8 +192,8 @@ class Listener:
 
     async def _back_off(self, delay: float) -> None:
         """Wait ``delay`` seconds before the next connection attempt, or less once
-        :meth:`nudge`\\ d (but at least the first backoff step)."""
-        floor = min(delay, _RECONNECT_SECONDS[0])
+        :meth:`nudge`\\ d (but at least :data:`NUDGED_SECONDS`)."""
+        floor = min(delay, NUDGED_SECONDS)
         self._nudged.clear()
         await asyncio.sleep(floor)
         with contextlib.suppress(TimeoutError):
