@@ -112,3 +112,33 @@ async def test_events_one_replica_stores_wake_a_reader_following_on_another(
 
     assert await wait_until(following.done, what="the follower was woken") is True
     assert following.result() is True
+
+
+async def test_a_waiter_whose_ticket_lapsed_queues_again_instead_of_waiting_for_good(
+    replicas: tuple[PostgresStore, PostgresStore], pg_url: str
+) -> None:
+    """B waits in line behind A; B's ticket is deleted as lapsed (B was paused past its lease
+    and a claim or another waiter's look removed it). Once A is done, B takes a ticket again and
+    gets the lock, instead of waiting until its deadline for a number that is gone (chaos probe:
+    a Chat call stalled 45 s after its replica's SIGSTOP)."""
+    first, second = replicas
+    backend = StoreBackend("postgres", url=pg_url)
+    held = asyncio.Event()
+
+    async def b_waits() -> None:
+        async with second.turn_lock("conv-q", request_id="r-b", owner="replica-b", lease_seconds=6.0):
+            held.set()
+
+    try:
+        async with first.turn_lock("conv-q", request_id="r-a", owner="replica-a", lease_seconds=6.0):
+            waiter = asyncio.ensure_future(b_waits())
+            await wait_until(
+                lambda: backend.sql("SELECT count(*) FROM turn_queue WHERE owner = 'replica-b'") == [(1,)],
+                what="B's ticket behind A's",
+            )
+            backend.sql("DELETE FROM turn_queue WHERE owner = 'replica-b'")  # lapsed, removed
+        await asyncio.wait_for(waiter, 10)
+        assert held.is_set()
+        assert backend.sql("SELECT count(*) FROM turn_queue") == [(0,)], "B's new ticket released"
+    finally:
+        await backend.close()

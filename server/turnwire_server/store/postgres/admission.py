@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Final
 
@@ -146,8 +147,16 @@ class TurnQueue(PostgresConnection):
         lease_us = int(lease_seconds * 1_000_000)
         async with self._tickets.hold(conversation_id):  # this process's tickets in call order
             ticket, head = await self._enqueue(conversation_id, request_id, owner, lease_us, first)
-        async with self._held(conversation_id, ticket, owner, head, lease_seconds):
+        retake = functools.partial(self._retake, conversation_id, request_id, owner, lease_us, first)
+        async with self._held(conversation_id, ticket, owner, head, lease_seconds, retake=retake):
             yield
+
+    async def _retake(
+        self, conversation_id: str, request_id: str, owner: str, lease_us: int, first: bool
+    ) -> tuple[int, int]:
+        """A new ticket for a waiter whose ticket is gone (:meth:`_held`), as :meth:`_enqueue`."""
+        async with self._tickets.hold(conversation_id):
+            return await self._enqueue(conversation_id, request_id, owner, lease_us, first)
 
     async def _enqueue(
         self, conversation_id: str, request_id: str, owner: str, lease_us: int, first: bool
@@ -165,10 +174,23 @@ class TurnQueue(PostgresConnection):
 
     @contextlib.asynccontextmanager
     async def _held(
-        self, conversation_id: str, ticket: int, owner: str, head: int | None, lease_seconds: float
+        self,
+        conversation_id: str,
+        ticket: int,
+        owner: str,
+        head: int | None,
+        lease_seconds: float,
+        *,
+        retake: Callable[[], Awaitable[tuple[int, int]]],
     ) -> AsyncIterator[None]:
         """Wait until ``ticket`` heads the conversation's queue (``head`` as last seen), hold it,
-        release it on exit (also when cancelled while waiting)."""
+        release it on exit (also when cancelled while waiting). A ticket that is gone while it
+        waits (no live ticket at or below its number: this replica was paused or cut off for
+        longer than a lease past its lease, and a claim or a waiter's look deleted it as lapsed)
+        is taken again with ``retake`` (at the back of the line, or right behind the head for a
+        ``first`` one): the call still holds nothing and stored nothing, so it waits on instead
+        of waiting for a number that never comes up again (chaos probe: a call stalled until its
+        deadline)."""
         lease_us = int(lease_seconds * 1_000_000)
         try:
             while head != ticket:
@@ -176,6 +198,15 @@ class TurnQueue(PostgresConnection):
                     head = await self._head(conversation_id, lease_us)
                     if head == ticket:
                         break
+                    if head is None or head > ticket:  # the lowest live ticket: ours is gone
+                        log.warning(
+                            "turn_lock of %s: ticket %d lapsed while this replica did not renew it "
+                            "(paused or cut off); queued again",
+                            conversation_id,
+                            ticket,
+                        )
+                        ticket, head = await retake()
+                        continue
                     await set_within(moved, max(lease_seconds / 3, 0.05))
             yield
         finally:
@@ -258,7 +289,8 @@ class TurnQueue(PostgresConnection):
             finally:
                 await asyncio.shield(self._release(conversation_id, ticket, owner))
             return
-        async with self._held(conversation_id, ticket, owner, head, lease_seconds):
+        retake = functools.partial(self._retake, conversation_id, request_id, owner, lease_us, first)
+        async with self._held(conversation_id, ticket, owner, head, lease_seconds, retake=retake):
             queued(False)
             yield await self._start_turn(renewed_lease(turn, lease_seconds), messages, budget, refuse)
 
