@@ -12,7 +12,8 @@ previous schema read too. ``reserve_place`` takes a ticket before the turn's loc
 then takes it over); with ``only_if_idle`` (REJECT) only when no other live ticket exists,
 decided under the same queue lock every taker holds. Tickets
 carry their replica's lease: a replica that dies stops renewing them, and the others skip and
-delete its lapsed tickets. No connection is held while a turn runs or waits: waiting is a
+delete its lapsed tickets (a replica only paused or cut off that long finds its waiting call's
+ticket gone and takes another). No connection is held while a turn runs or waits: waiting is a
 ``LISTEN`` on the replica's one listener connection plus a re-check every third of a lease.
 
 **The listener.** One dedicated connection per store ``LISTEN``\\ s on ``turnwire_queue``
