@@ -95,6 +95,27 @@ async def test_a_watch_in_the_window_follows_the_turn_once_it_started() -> None:
     await submitted
 
 
+async def test_a_watch_whose_submission_finished_starting_between_its_looks_follows_it() -> None:
+    """CI (conformance schedule-fires, twice): the replay found no turn (not started yet), and by
+    the start's look the start had finished (nothing "starting" any more), the store saying
+    running: the watch ended NOT_FOUND ("is running and not running on this server"). It now
+    looks once more, and the engine has the turn."""
+    engine = _Engine()
+    submissions = _submissions(_Store(), engine)  # nothing starting here: started_here is False
+    looks: list[int] = []
+
+    async def started_on_the_second_look(request_id: str, after: int, **_: int) -> Any:
+        looks.append(after)
+        if len(looks) == 1:
+            raise TurnStreamNotFound("no stream", request_id=request_id)
+        yield [_completed(1)]
+
+    running = dataclasses.replace(RECORD, state="running")
+    watched = _watching(started_on_the_second_look, running, engine, submissions)
+    assert [e.sequence_number for e in await asyncio.wait_for(watched, 5)] == [1]
+    assert len(looks) == 2
+
+
 async def _collect(batches: Any) -> list[event_pb2.TurnEvent]:
     return [event async for batch in batches for event in batch]
 

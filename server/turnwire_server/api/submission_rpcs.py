@@ -350,6 +350,7 @@ async def _watch(
     submission that ended without running (cancelled while pending, refused when it started) a
     single TurnEnd made from its record."""
     ended = False  # the record said it ended, after a look that found no stream
+    looked_again = False  # running and not here: looked once more before saying so
     while True:
         try:
             replay = servicer.engine.replay(
@@ -382,6 +383,11 @@ async def _watch(
         # replica's claim (a free slot; the scheduler's claim after a fire's commit), however long.
         if current.state == "pending":
             await servicer.submissions.moved_here(record.submission_id, follow)
+        elif not looked_again:
+            # Its start here may have finished between the replay's look and the start's (no
+            # longer "starting"): the engine, or the store once it ended, has it on a second look
+            # (CI: conformance schedule-fires, "is running and not running on this server").
+            looked_again = True
         else:
             raise TurnStreamNotFound(
                 f"submission {record.submission_id!r} is {current.state} and not running on this server",
