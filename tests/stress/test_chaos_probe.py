@@ -331,25 +331,34 @@ def _replica_id(log: Path) -> str:
 async def turn_ends(target: str, request_ids: list[str]) -> dict[str, int]:
     """How many ``TurnEnd`` events each turn's stored stream holds (ResumeTurn from the start);
     a turn never started (its message not acknowledged) is left out. A read refused with
-    ``UNAVAILABLE`` is retried after its ``RetryInfo`` delay, as a client does: right after the
+    ``UNAVAILABLE`` is tried again until it is answered, as a client does: right after the
     last fault the replica may not have seen the database answer again yet (its listener
     reconnects with backoff; docs/operate/outages.md)."""
     ends: dict[str, int] = {}
-    loop = asyncio.get_running_loop()
     async with TurnwireClient(target) as client:
+
+        async def read(request_id: str) -> tuple[int | None] | None:
+            """``(TurnEnd count,)``, ``(None,)`` for a turn never started, None while refused."""
+            try:
+                events = [event async for event in client.resume_turn(request_id)]
+            except TurnwireError as error:
+                if error.code == grpc.StatusCode.UNAVAILABLE:
+                    return None
+                if error.code == grpc.StatusCode.NOT_FOUND:
+                    return (None,)
+                raise
+            return (sum(event.HasField("turn_end") for event in events),)
+
         for request_id in request_ids:
-            deadline = loop.time() + SEND_DEADLINE_SECONDS
-            while True:
-                try:
-                    events = [event async for event in client.resume_turn(request_id)]
-                    ends[request_id] = sum(event.HasField("turn_end") for event in events)
-                except TurnwireError as error:
-                    if error.code == grpc.StatusCode.UNAVAILABLE and loop.time() < deadline:
-                        await asyncio.sleep(error.retry_delay or 0.2)  # the delay the server asked for
-                        continue
-                    if error.code != grpc.StatusCode.NOT_FOUND:
-                        raise
-                break
+            answered = await wait_until(
+                lambda: read(request_id),  # noqa: B023  # awaited before the loop moves on
+                timeout=SEND_DEADLINE_SECONDS,
+                interval=0.2,
+                what=f"ResumeTurn({request_id}) answered, not refused",
+            )
+            assert answered is not None
+            if answered[0] is not None:
+                ends[request_id] = answered[0]
     return ends
 
 
