@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Final
 
@@ -147,8 +146,9 @@ class TurnQueue(PostgresConnection):
         lease_us = int(lease_seconds * 1_000_000)
         async with self._tickets.hold(conversation_id):  # this process's tickets in call order
             ticket, head = await self._enqueue(conversation_id, request_id, owner, lease_us, first)
-        retake = functools.partial(self._retake, conversation_id, request_id, owner, lease_us, first)
-        async with self._held(conversation_id, ticket, owner, head, lease_seconds, retake=retake):
+        async with self._held(
+            conversation_id, ticket, owner, head, lease_seconds, request_id=request_id, first=first
+        ):
             yield
 
     async def _retake(
@@ -181,16 +181,17 @@ class TurnQueue(PostgresConnection):
         head: int | None,
         lease_seconds: float,
         *,
-        retake: Callable[[], Awaitable[tuple[int, int]]],
+        request_id: str,
+        first: bool,
     ) -> AsyncIterator[None]:
         """Wait until ``ticket`` heads the conversation's queue (``head`` as last seen), hold it,
         release it on exit (also when cancelled while waiting). A ticket that is gone while it
         waits (no live ticket at or below its number: this replica was paused or cut off for
         longer than a lease past its lease, and a claim or a waiter's look deleted it as lapsed)
-        is taken again with ``retake`` (at the back of the line, or right behind the head for a
-        ``first`` one): the call still holds nothing and stored nothing, so it waits on instead
-        of waiting for a number that never comes up again (chaos probe: a call stalled until its
-        deadline)."""
+        is taken again for ``request_id`` (at the back of the line, or right behind the head for a
+        ``first`` one, :meth:`_retake`): the call still holds nothing and stored nothing, so it
+        waits on instead of waiting for a number that never comes up again (chaos probe: a call
+        stalled until its deadline)."""
         lease_us = int(lease_seconds * 1_000_000)
         try:
             while head != ticket:
@@ -205,7 +206,7 @@ class TurnQueue(PostgresConnection):
                             conversation_id,
                             ticket,
                         )
-                        ticket, head = await retake()
+                        ticket, head = await self._retake(conversation_id, request_id, owner, lease_us, first)
                         continue
                     await set_within(moved, max(lease_seconds / 3, 0.05))
             yield
@@ -289,8 +290,9 @@ class TurnQueue(PostgresConnection):
             finally:
                 await asyncio.shield(self._release(conversation_id, ticket, owner))
             return
-        retake = functools.partial(self._retake, conversation_id, request_id, owner, lease_us, first)
-        async with self._held(conversation_id, ticket, owner, head, lease_seconds, retake=retake):
+        async with self._held(
+            conversation_id, ticket, owner, head, lease_seconds, request_id=request_id, first=first
+        ):
             queued(False)
             yield await self._start_turn(renewed_lease(turn, lease_seconds), messages, budget, refuse)
 
