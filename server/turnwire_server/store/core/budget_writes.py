@@ -6,7 +6,8 @@ A charge with an ask is one transaction of two batches, of two statements each (
 the writes fold into one). The first reads the turn's fencing token (its row locked, as
 :mod:`.fencing` does) with its stored reservations, or only the reservations when the charge
 rides a turn write that read and locked the token already (``fenced``); and takes the budget
-rows: the charged ones and those of the turn's reservations. On PostgreSQL they are taken in key
+rows: the charged ones and those of the turn's reservations (a new turn's, in PostgreSQL's
+one-flight admission, has none: the take alone). On PostgreSQL they are taken in key
 order, created at zero when missing and locked by one upsert that returns them (``INSERT … ON
 CONFLICT DO UPDATE … RETURNING``: the update locks the row, an existing one or one a racing
 charge just created, and returns its latest committed state), so charges racing from several
@@ -18,10 +19,10 @@ a budget no longer charged deleted) and the budget rows back, settled by
 :func:`~.budget_rules.settle`, in one upsert that creates a row read missing.
 
 A charge without an ask (the turn's last settlement, riding its final write; a lost attempt's)
-has nothing to decide: one batch (after the token's read when not ``fenced``; on PostgreSQL
-after a read that locks the turn's reserved rows in key order) in which the database settles
-(:data:`_SETTLE`, ``UPDATE budget_spend … FROM`` the reservations, returning the rows' states)
-and deletes the reservations (on PostgreSQL in the same statement, a data-modifying ``WITH``).
+has nothing to decide: one batch (after the token's read when not ``fenced``) in which the
+database settles (:data:`_SETTLE`, ``UPDATE budget_spend … FROM`` the reservations, returning the
+rows' states) and deletes the reservations (on PostgreSQL in the same statement, a
+data-modifying ``WITH`` that also locks the rows in key order before the update reaches them).
 :data:`_SETTLE` is the rule of :func:`~.budget_rules.settle` in SQL, the two tested for
 agreement (``tests/test_store_budgets.py``). Every charge locks the turn's row, then budget rows
 sorted; a conversation's deletion its conversation, its turns' rows, then budget rows: no two
@@ -132,12 +133,12 @@ _TAKEN_ROWS: Final = (
     " RETURNING scope, scope_key, period, epoch, tokens, usd"
 )
 _RECORDED_SETTLE: Final = " AND EXISTS (SELECT 1 FROM turns WHERE request_id = ?)"
-_LOCK_RESERVED: Final = (
-    # PostgreSQL, before a settlement without the rows' upsert: the rows it updates locked in key
-    # order (the lock follows the sort), as every charge locks them.
-    "SELECT 1 FROM budget_spend WHERE (scope, scope_key, period) IN"
-    " (SELECT scope, scope_key, period FROM budget_reservations WHERE request_id = ?)"
-    " ORDER BY scope, scope_key, period"
+_LOCK_TAKEN: Final = (
+    # PostgreSQL: the rows the settlement updates, locked in key order (the lock follows the sort)
+    # as every charge locks them, before the update joins them: whichever way the update's plan
+    # joins, it reaches a row only through this one's output, locked in order.
+    "SELECT scope, scope_key, period FROM budget_spend WHERE (scope, scope_key, period) IN"
+    " (SELECT scope, scope_key, period FROM gone) ORDER BY scope, scope_key, period FOR UPDATE"
 )
 _STATES: Final = (
     f"SELECT scope, scope_key, period, {_SPEND_COLUMNS}, limit_tokens, limit_usd FROM budget_spend"
@@ -188,6 +189,7 @@ def charge_budget(
     *,
     fenced: bool = False,
     admitting: bool = False,
+    new_turn: bool = False,
     refuse: Sequence[BudgetLimits] = (),
 ) -> Program[BudgetGrant]:
     """``BudgetStore.charge_budget``: settle ``charge.request_id``'s reservations and reserve
@@ -200,11 +202,16 @@ def charge_budget(
     each batch) reads and locks the turn's token under ``charge.lease`` and raises when it was
     lost, so this one does not read it again. ``admitting``: the program it is joined to is the
     turn's start (``start_turn``), which writes the turn's row in its last batch, after this
-    one's reads (``fenced`` implied: the token is the one that start writes). ``refuse`` (an
+    one's reads (``fenced`` implied: the token is the one that start writes). ``new_turn``: that
+    transaction wrote the turn's row already, for a request id that had none (PostgreSQL's
+    one-flight admission, whose insert fails otherwise): ``fenced`` implied, and the turn has no
+    reservations (one is written only while its turn's row exists, and a turn's row goes only
+    with them or for a row of the same request id), so the first batch is the rows' take alone,
+    without the reservations' read. ``refuse`` (an
     admission's, whose charge takes their rows): raises :class:`BudgetSpent` (the transaction
     writes nothing) when one of these budgets is exhausted on the rows as taken and settled, before
     the charge decides (:func:`refusal_check`'s rule)."""
-    fenced = fenced or admitting
+    fenced = fenced or admitting or new_turn
     ask = charge.ask
     if ask is None:
         return (yield from _settled(charge, dialect, fenced=fenced))
@@ -215,28 +222,34 @@ def charge_budget(
     # row. The turn's row is read then (unless this transaction writes it) to tell whether it
     # is recorded, as the take's guard does where rows are taken.
     taking = bool(dialect.lock_rows)
-    if admitting or (fenced and taking):
-        first = Statement(_RESERVATIONS, (charge.request_id,), fetch=True)
+    if new_turn:
+        reads: list[Statement] = []
+    elif admitting or (fenced and taking):
+        reads = [Statement(_RESERVATIONS, (charge.request_id,), fetch=True)]
     else:
         lock = f"{dialect.lock_rows} OF t" if taking and not fenced else ""
-        first = Statement(_TOKEN_AND_RESERVATIONS + lock, (charge.request_id,), fetch=True)
+        reads = [Statement(_TOKEN_AND_RESERVATIONS + lock, (charge.request_id,), fetch=True)]
     if taking:
         params: list[Any] = [value for k in keys for value in (*k, owners[k])]
-        params.append(charge.request_id)
-        params.extend(value for k in keys for value in k)
-        if not admitting:
+        others = not new_turn or not keys  # (a take of no key at all is spelled the long way)
+        if others:
             params.append(charge.request_id)
-        second = Statement(_take_rows(len(keys), not admitting), params, fetch=True)
+            params.extend(value for k in keys for value in k)
+            if not admitting:
+                params.append(charge.request_id)
+        reads.append(Statement(_take_rows(len(keys), others and not admitting, others), params, fetch=True))
     else:
         params = [value for k in keys for value in k]
         params.append(charge.request_id)
-        second = Statement(_read_rows(len(keys)), params, fetch=True)
-    found = yield [first, second]
+        reads.append(Statement(_read_rows(len(keys)), params, fetch=True))
+    found = yield reads
+    if new_turn:
+        found = [[], *found]  # no token read (fenced) and no reservations
     if not fenced and not holds_lease([row[:2] for row in found[0][:1]], charge.lease):
         return BudgetGrant(output_tokens=ask.max_output)
     rows = {BudgetKey(*row[:3]): row[3:] for row in found[1]}
     # Still recorded: the take's guard created every row, or the turn's row was read.
-    recorded = (not fenced or len(rows) == len(keys)) if taking else (admitting or bool(found[0]))
+    recorded = (not fenced or len(rows) == len(keys)) if taking else (admitting or new_turn or bool(found[0]))
     if not recorded:
         return BudgetGrant(output_tokens=ask.max_output)
     reservations = [
@@ -305,22 +318,32 @@ def charge_budget(
 
 
 def admission_budget(
-    budget: BudgetCharge | None, refuse: Sequence[BudgetLimits], dialect: Dialect, *, admitting: bool
+    budget: BudgetCharge | None,
+    refuse: Sequence[BudgetLimits],
+    dialect: Dialect,
+    *,
+    admitting: bool,
+    new_turn: bool = False,
 ) -> Program[BudgetGrant | None]:
     """A new turn's budget work in the transaction that admits it (``Store.admit_turn``): the
     check of ``refuse`` (:func:`refusal_check`'s rule; raises :class:`BudgetSpent`) and the first
     reservation ``budget`` (:func:`charge_budget`, fenced: the admission writes the turn's row),
     either absent. The check rides the charge when the charge takes every row it names, else it
-    reads them. ``admitting``: as :func:`charge_budget`'s (the turn's row is written after this
-    program's reads). Returns the charge's grant (None without ``budget``)."""
+    reads them. ``admitting``, ``new_turn``: as :func:`charge_budget`'s (the turn's row is written
+    after this program's reads; before them, for a request id that had none). Returns the
+    charge's grant (None without ``budget``)."""
     if budget is None:
         if refuse:
             yield from refusal_check(refuse)
         return None
     charged = {limits.key for limits in budget.budgets}
     if all(limits.key in charged for limits in refuse):
-        return (yield from charge_budget(budget, dialect, fenced=True, admitting=admitting, refuse=refuse))
-    charge = charge_budget(budget, dialect, fenced=True, admitting=admitting)
+        return (
+            yield from charge_budget(
+                budget, dialect, fenced=True, admitting=admitting, new_turn=new_turn, refuse=refuse
+            )
+        )
+    charge = charge_budget(budget, dialect, fenced=True, admitting=admitting, new_turn=new_turn)
     _, grant = yield from joined(refusal_check(refuse), charge)
     return grant
 
@@ -344,13 +367,12 @@ def _refused(refuse: Sequence[BudgetLimits], spends: Mapping[BudgetKey, BudgetSp
 
 def _settled(charge: BudgetCharge, dialect: Dialect, *, fenced: bool) -> Program[BudgetGrant]:
     """:func:`charge_budget` without an ask (the turn's last settlement, a lost attempt's): the
-    settlement and the reservations' deletion in one batch (on PostgreSQL after the rows' lock in
-    key order), without the rows' upsert: a charged budget the turn had nothing reserved on (a
-    day begun since its last step) is read in a second batch, with whether the turn is recorded."""
+    settlement and the reservations' deletion in one batch (on PostgreSQL one statement, which
+    locks the rows in key order first), without the rows' upsert: a charged budget the turn had
+    nothing reserved on (a day begun since its last step) is read in a second batch, with whether
+    the turn is recorded."""
     epoch = charge.lease.epoch if charge.lease is not None else 0
     reads = [] if fenced else [lease_read(charge.request_id, dialect)]
-    if dialect.lock_rows:
-        reads.append(Statement(_LOCK_RESERVED + dialect.lock_rows, (charge.request_id,)))
     settlement = _settlement(charge, epoch, dialect)
     found = yield [*reads, *settlement]
     if not fenced and not holds_lease(found[0], charge.lease):
@@ -388,14 +410,19 @@ def _settlement(charge: BudgetCharge, epoch: int, dialect: Dialect) -> list[Stat
 
 
 @functools.lru_cache(maxsize=64)
-def _take_rows(count: int, guarded: bool) -> str:
+def _take_rows(count: int, guarded: bool, others: bool = True) -> str:
     # A join on the keys (not an OR of conditions, which SQLite answers with a scan of the table).
+    # others: the rows of the turn's other reservations too (False: a new turn's, which has none;
+    # at least one key then).
     guard = _RECORDED if guarded else " WHERE true"  # a WHERE before ON CONFLICT, as above
+    charged = ", ".join(["(?, ?, ?, ?)"] * count)
+    if not others:
+        return _TAKE_ROWS.format(keys=f"VALUES {charged}", guard=guard)
     if not count:
         return _TAKE_ROWS.format(keys=_OTHER_RESERVED, guard=guard)
-    charged, named = ", ".join(["(?, ?, ?, ?)"] * count), ", ".join(["(?, ?, ?)"] * count)
-    others = f"{_OTHER_RESERVED} AND (scope, scope_key, period) NOT IN (VALUES {named})"
-    return _TAKE_ROWS.format(keys=f"VALUES {charged} UNION ALL {others}", guard=guard)
+    named = ", ".join(["(?, ?, ?)"] * count)
+    reserved = f"{_OTHER_RESERVED} AND (scope, scope_key, period) NOT IN (VALUES {named})"
+    return _TAKE_ROWS.format(keys=f"VALUES {charged} UNION ALL {reserved}", guard=guard)
 
 
 @functools.lru_cache(maxsize=2)
@@ -403,7 +430,9 @@ def _settle_sql(writes_with: bool) -> tuple[str, str]:
     # The settlement and (SQLite) the reservations' deletion, by dialect.
     if writes_with:
         taken = _TAKEN_ROWS.format(guard=_RECORDED_SETTLE)
-        return f"WITH gone AS ({taken}) " + _SETTLE.format(source="gone", guard=""), ""
+        source = "(SELECT gone.* FROM gone JOIN locked USING (scope, scope_key, period))"
+        settling = _SETTLE.format(source=source, guard="")
+        return f"WITH gone AS ({taken}), locked AS ({_LOCK_TAKEN}) {settling}", ""
     return _SETTLE.format(source=_RESERVED_ROWS, guard=_RECORDED_SETTLE), _UNRESERVE + _RECORDED_SETTLE
 
 

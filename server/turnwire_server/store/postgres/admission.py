@@ -338,9 +338,12 @@ class TurnQueue(PostgresConnection):
                         if read_compaction:
                             compaction = await conn.execute(_LOAD_COMPACTION, (conversation_id,))
                         grant = None
-                        if budget is not None or refuse:  # the turn's row is the flight's: fenced
+                        if budget is not None or refuse:  # the turn's row is the flight's, and new
                             grant = await run_program(
-                                conn, budget_writes.admission_budget(budget, refuse, DIALECT, admitting=False)
+                                conn,
+                                budget_writes.admission_budget(
+                                    budget, refuse, DIALECT, admitting=False, new_turn=True
+                                ),
                             )
                 except psycopg.Error as error:
                     await db.discard(conn)
