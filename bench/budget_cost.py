@@ -39,11 +39,12 @@ sessions). Budgets: the turn's, the conversation's and the tenant's day, in toke
 to show what each budget row adds). A request PASSes when budgets add at most 0.3 ms of CPU to it
 (client plus server). Run: ``.venv/bin/python bench/budget_cost.py [--steps 1] [--rounds 15] [--block 20]``.
 
-``--base DIR`` (another checkout, e.g. main's) adds a fifth arm, **base**: the admitted arm with
-that checkout's charge program (its ``store/core/budget_writes.py`` and ``budget_rules.py``, loaded
-under other names) in place of this one's, the admission's charge and the final write's included
-(``--base-uncarried``: on PostgreSQL without the first reservation at the admission, as the one
-flight of checkouts before stop 49, which did not carry it: the first step charges on its own),
+``--base DIR`` (another checkout, e.g. main's, from stop 54 on) adds a fifth arm, **base**: the
+admitted arm with that checkout's charge program (its ``store/core/budget_writes.py`` and
+``budget_rules.py``, loaded as modules of their own) in place of this one's, the admission's
+charge and the final write's included; the admitted arm then runs this checkout's programs
+loaded the same way (before stop 61 it ran the imported ones while the base arm also ran the
+admission check as a read of its own: an A/A showed the base arm ~170 µs dearer),
 interleaved with the others in the same process and stores: an A/B that a loaded machine's drift
 between two runs would hide.
 The rest of the request (the turn's writes, the estimate, the engine) is this checkout's.
@@ -61,6 +62,7 @@ import asyncio
 import dataclasses
 import datetime as dt
 import importlib.util
+import inspect
 import os
 import statistics
 import sys
@@ -93,8 +95,11 @@ from turnwire_server.engine.request import TurnRequest
 from turnwire_server.store import Store, TurnRecord
 from turnwire_server.store.core import budget_writes, turn_writes
 from turnwire_server.store.core import writes as core_writes
+from turnwire_server.store.postgres import one_flight
 from turnwire_server.store.records import BudgetGrant, BudgetLimits
 from turnwire_server.store.sqlite.writer import SqliteWriter
+
+REPO = Path(__file__).resolve().parents[1]
 
 MODEL = "bench:model"
 PRICES = PriceBook(PricingSettings.model_validate({"models": {MODEL: {"input_mtok": 3, "output_mtok": 15}}}))
@@ -112,17 +117,19 @@ _PROMPTS: dict[int, tuple[int, int]] = {}
 
 
 def _use(charges: Any) -> None:
-    """The store's writes, the admission's included, call ``charges.charge_budget`` from now on
-    (a module attribute of theirs)."""
-    for module in (core_writes, turn_writes):
+    """The store's writes, the admission's included (SQLite's start, PostgreSQL's one flight),
+    call ``charges``' programs from now on (a module attribute of theirs)."""
+    for module in (core_writes, turn_writes, one_flight):
         setattr(module, "budget_writes", charges)  # noqa: B010 (not an exported name)
 
 
-def _base_charges(checkout: Path) -> Any:
-    """``checkout``'s ``charge_budget`` as the store's writes call it (its ``fenced`` and
-    ``admitting`` as this checkout's): its ``budget_rules`` and ``budget_writes``
-    executed while they stand in for this checkout's in ``sys.modules`` (so its writes import its
-    rules), then put back."""
+def _charges_of(checkout: Path) -> Any:
+    """``checkout``'s charge programs as the store's writes call them: its ``budget_rules`` and
+    ``budget_writes`` executed while they stand in for the imported ones in ``sys.modules`` (so
+    its writes import its rules), then put back. Both arms of an A/B load theirs this way, so
+    neither runs on the modules the rest of the process warmed. Checkouts from stop 54 on (an
+    ``admission_budget``); one before stop 61 is given no ``new_turn`` (its flight reads the new
+    turn's reservations, as it did)."""
     core = checkout / "server" / "turnwire_server" / "store" / "core"
     names = [f"turnwire_server.store.core.{name}" for name in ("budget_rules", "budget_writes")]
     saved = {name: sys.modules[name] for name in names}
@@ -137,16 +144,18 @@ def _base_charges(checkout: Path) -> Any:
             loaded.append(module)
     finally:
         sys.modules.update(saved)
-    charge = loaded[1].charge_budget
+    writes = loaded[1]
+    if not hasattr(writes, "admission_budget"):
+        raise SystemExit(f"--base {checkout}: a checkout from stop 54 on (no admission_budget there)")
+    admission = writes.admission_budget
+    if "new_turn" not in inspect.signature(admission).parameters:
 
-    def admission_budget(budget: Any, refuse: Any, dialect: Any, *, admitting: bool) -> Any:
-        # Checkouts before stop 54 checked a new turn's budgets by a read of their own.
-        assert not refuse, "the base arm's check is a read of its own"
-        if budget is None:
-            return None
-        return (yield from charge(budget, dialect, fenced=True, admitting=admitting))
+        def admission(
+            budget: Any, refuse: Any, dialect: Any, *, admitting: bool, new_turn: bool = False
+        ) -> Any:
+            return writes.admission_budget(budget, refuse, dialect, admitting=admitting)
 
-    return SimpleNamespace(charge_budget=charge, admission_budget=admission_budget)
+    return SimpleNamespace(charge_budget=writes.charge_budget, admission_budget=admission)
 
 
 def _history(messages: int) -> list[message_pb2.Message]:
@@ -176,12 +185,11 @@ async def _turn(
     request: ModelRequest,
     n: int,
     *,
-    carried: bool,
     budgets: BudgetSettings,
     read_check: bool,
 ) -> None:
     """One request of ``arm`` under ``budgets``: its admission (``admit_turn``, as the engine's;
-    the admitted arm's carries the first reservation when ``carried``), its steps' writes and its
+    the admitted arm's carries the first reservation), its steps' writes and its
     final write, the lock held. Every arm but off checks the budgets before the turn: a read of its
     own when ``read_check``, else in the admission (``admit_turn``'s ``refuse``)."""
     turn = TurnRecord(
@@ -198,7 +206,7 @@ async def _turn(
     user.parts.add().text.text = "q"
     first = None
     charged_at = dt.datetime.now(dt.UTC)
-    if arm == "admitted" and carried:
+    if arm == "admitted":
         asked = TurnRequest(
             conversation_id=turn.conversation_id,
             request_id=turn.request_id,
@@ -335,11 +343,10 @@ async def _block(
     url: str | None,
     base: int,
     budgets: BudgetSettings,
-    carried: bool = True,
     read_check: bool = False,
     ledger: dict[str, list[float]] | None = None,
 ) -> tuple[list[float], list[float], float]:
-    """``turns`` requests of ``arm`` (``carried``: see :func:`_turn`): each one's client CPU and
+    """``turns`` requests of ``arm`` (see :func:`_turn`): each one's client CPU and
     wall, and the server's CPU per request over the block, in µs; with ``ledger``, each one's
     CPU by thread added to it (``loop``: this thread's, ``writer``: the SQLite writer's commits,
     ``other``: the rest of the process's, the reader's thread among them)."""
@@ -349,9 +356,7 @@ async def _block(
         _served(arm, base + n, request)
         writer_before, loop_before = _WRITER_CPU[0], time.thread_time()
         cpu_before, wall_before = time.process_time(), time.perf_counter()
-        await _turn(
-            store, arm, steps, request, base + n, carried=carried, budgets=budgets, read_check=read_check
-        )
+        await _turn(store, arm, steps, request, base + n, budgets=budgets, read_check=read_check)
         cpu.append((time.process_time() - cpu_before) * 1e6)
         wall.append((time.perf_counter() - wall_before) * 1e6)
         if ledger is not None:
@@ -370,11 +375,6 @@ async def main() -> None:
     parser.add_argument("--steps", type=int, default=1, help="model steps per request")
     parser.add_argument("--messages", type=int, default=20, help="messages in each step's history")
     parser.add_argument("--base", type=Path, help="another checkout: its charge program as a fifth arm")
-    parser.add_argument(
-        "--base-uncarried",
-        action="store_true",
-        help="the base arm's PostgreSQL admission carries no reservation (checkouts before stop 49)",
-    )
     parser.add_argument(
         "--scopes",
         default="turn,conversation,tenant",
@@ -395,13 +395,14 @@ async def main() -> None:
     budgets = BudgetSettings.model_validate({s: SCOPES[s] for s in scopes})
     arms = (*ARMS, "base") if args.base else ARMS
     # arm -> the arm _turn runs, the charge program the store's writes call, its request ids'
-    # offset, whether PostgreSQL's admission carries the first reservation
-    runs: dict[str, tuple[str, Any, int, bool, bool]] = {
-        arm: (arm, budget_writes, 0, True, arm in ("separate", "folded")) for arm in ARMS
+    # offset, whether it checks the budgets by a read of its own
+    runs: dict[str, tuple[str, Any, int, bool]] = {
+        arm: (arm, budget_writes, 0, arm in ("separate", "folded")) for arm in ARMS
     }
-    runs["read"] = ("admitted", budget_writes, 2 * 10**6, True, True)  # request ids apart from admitted's
-    if args.base:  # request ids apart from admitted's
-        runs["base"] = ("admitted", _base_charges(args.base.resolve()), 10**6, not args.base_uncarried, True)
+    runs["read"] = ("admitted", budget_writes, 2 * 10**6, True)  # request ids apart from admitted's
+    if args.base:  # request ids apart from admitted's; both arms' programs loaded alike
+        runs["admitted"] = ("admitted", _charges_of(REPO), 0, False)
+        runs["base"] = ("admitted", _charges_of(args.base.resolve()), 10**6, False)
     request = ModelRequest(
         model="model",
         system="You are a helpful assistant.",
@@ -417,7 +418,7 @@ async def main() -> None:
         stores = (("SQLite", lite, None), ("PostgreSQL", pg, url))
         for _, store, store_url in stores:
             for arm in arms:  # warm: imports, caches, the statement cache
-                run, charges, offset, carries, read_check = runs[arm]
+                run, charges, offset, read_check = runs[arm]
                 _use(charges)
                 await _block(
                     store,
@@ -427,7 +428,6 @@ async def main() -> None:
                     steps=args.steps,
                     url=store_url,
                     base=offset - 100,
-                    carried=carries or store is lite,
                     budgets=budgets,
                     read_check=read_check,
                 )
@@ -435,7 +435,7 @@ async def main() -> None:
             for name, store, store_url in stores:
                 # Interleaved, each round in another order: a load change hits every arm alike.
                 for arm in arms[r % len(arms) :] + arms[: r % len(arms)]:
-                    run, charges, offset, carries, read_check = runs[arm]
+                    run, charges, offset, read_check = runs[arm]
                     _use(charges)
                     samples, walls, per_request = await _block(
                         store,
@@ -445,7 +445,6 @@ async def main() -> None:
                         steps=args.steps,
                         url=store_url,
                         base=offset + r * args.block,
-                        carried=carries or store is lite,
                         budgets=budgets,
                         read_check=read_check,
                         ledger=ledgers[arm] if args.ledger and store is lite else None,
