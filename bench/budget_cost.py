@@ -45,8 +45,9 @@ admitted arm with that checkout's charge program (its ``store/core/budget_writes
 charge and the final write's included; the admitted arm then runs this checkout's programs
 loaded the same way (before stop 61 it ran the imported ones while the base arm also ran the
 admission check as a read of its own: an A/A showed the base arm ~170 µs dearer),
-interleaved with the others in the same process and stores: an A/B that a loaded machine's drift
-between two runs would hide.
+interleaved with the others in the same process and stores (the arms' order reversed every other
+round, so no arm always follows the same one), and a table of the rounds' paired differences
+(admitted - base): an A/B that a loaded machine's drift between two runs would hide.
 The rest of the request (the turn's writes, the estimate, the engine) is this checkout's.
 
 ``--ledger`` adds a table of where each arm's CPU goes on SQLite, by thread: the event loop's (the
@@ -413,6 +414,7 @@ async def main() -> None:
     cpu: dict[tuple[str, str], list[float]] = {}
     wall: dict[tuple[str, str], list[float]] = {}
     server: dict[tuple[str, str], list[float]] = {}
+    blocks: dict[tuple[str, str], list[float]] = {}  # per round: client median + server, µs a request
     ledgers: dict[str, dict[str, list[float]]] = {arm: {} for arm in arms}  # SQLite's, by arm
     async with both_stores() as (lite, pg, url):
         stores = (("SQLite", lite, None), ("PostgreSQL", pg, url))
@@ -433,8 +435,10 @@ async def main() -> None:
                 )
         for r in range(args.rounds):
             for name, store, store_url in stores:
-                # Interleaved, each round in another order: a load change hits every arm alike.
-                for arm in arms[r % len(arms) :] + arms[: r % len(arms)]:
+                # Interleaved, each round in another order: a load change hits every arm alike,
+                # and (every other round backwards) no arm always follows the same one.
+                order = arms[r % len(arms) :] + arms[: r % len(arms)]
+                for arm in order[::-1] if r % 2 else order:
                     run, charges, offset, read_check = runs[arm]
                     _use(charges)
                     samples, walls, per_request = await _block(
@@ -452,6 +456,7 @@ async def main() -> None:
                     cpu.setdefault((name, arm), []).extend(samples)
                     wall.setdefault((name, arm), []).extend(walls)
                     server.setdefault((name, arm), []).append(per_request)
+                    blocks.setdefault((name, arm), []).append(statistics.median(samples) + per_request)
         _use(budget_writes)
     load = os.getloadavg()[0]
     print(
@@ -472,6 +477,8 @@ async def main() -> None:
             print(row + f"| {added:.0f} | {'PASS' if added <= ALLOWANCE_US else 'MISS'} |")
     if args.ledger:
         _print_ledger(ledgers, arms)
+    if args.base:
+        _print_paired(blocks)
     print(
         f"\n{args.steps} model step(s) per request; medians of {args.rounds} interleaved blocks of "
         f"{args.block} requests per arm (client: of the requests; server: of the blocks); budgets: "
@@ -479,6 +486,18 @@ async def main() -> None:
         f"{args.messages} messages of 400 bytes per step; "
         f"load average {load:.1f}"
     )
+
+
+def _print_paired(blocks: dict[tuple[str, str], list[float]]) -> None:
+    """With ``--base``: this checkout's admitted arm against the base arm, round by round (the
+    two ran within seconds of each other, so the machine's drift falls on both): the median of
+    the rounds' differences, and their spread."""
+    print("\n| store | admitted − base, µs/request (median of rounds' differences) | 25th–75th percentile |")
+    print("|---|---|---|")
+    for name in ("SQLite", "PostgreSQL"):
+        differences = [a - b for a, b in zip(blocks[(name, "admitted")], blocks[(name, "base")], strict=True)]
+        low, _, high = statistics.quantiles(differences, n=4)
+        print(f"| {name} | {statistics.median(differences):+.0f} | {low:+.0f} to {high:+.0f} |")
 
 
 def _print_ledger(ledgers: dict[str, dict[str, list[float]]], arms: tuple[str, ...]) -> None:
