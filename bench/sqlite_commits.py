@@ -77,7 +77,7 @@ async def main() -> None:
         try:
             for n in range(args.turns):
                 started = time.perf_counter()
-                await _turn(store, "off", 1, request, n, carried=True, budgets=budgets, read_check=False)
+                await _turn(store, "off", 1, request, n, budgets=budgets, read_check=False)
                 turns_ms.append((time.perf_counter() - started) * 1e3)
             checkpoints = store._writer.checkpoints
             ran = checkpoints.runs if checkpoints is not None else 0
