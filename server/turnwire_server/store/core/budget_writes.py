@@ -231,7 +231,9 @@ def charge_budget(
         reads = [Statement(_TOKEN_AND_RESERVATIONS + lock, (charge.request_id,), fetch=True)]
     if taking:
         params: list[Any] = [value for k in keys for value in (*k, owners[k])]
-        others = not new_turn or not keys  # (a take of no key at all is spelled the long way)
+        # A new turn has no other reservations: only its charged rows are taken (with none
+        # charged, the general take, which finds none).
+        others = not (new_turn and keys)
         if others:
             params.append(charge.request_id)
             params.extend(value for k in keys for value in k)
@@ -242,19 +244,18 @@ def charge_budget(
         params = [value for k in keys for value in k]
         params.append(charge.request_id)
         reads.append(Statement(_read_rows(len(keys)), params, fetch=True))
-    found = yield reads
-    if new_turn:
-        found = [[], *found]  # no token read (fenced) and no reservations
-    if not fenced and not holds_lease([row[:2] for row in found[0][:1]], charge.lease):
+    *first, taken = yield reads
+    read = first[0] if first else []  # the token and reservations (a new turn's: none read)
+    if not fenced and not holds_lease([row[:2] for row in read[:1]], charge.lease):
         return BudgetGrant(output_tokens=ask.max_output)
-    rows = {BudgetKey(*row[:3]): row[3:] for row in found[1]}
+    rows = {BudgetKey(*row[:3]): row[3:] for row in taken}
     # Still recorded: the take's guard created every row, or the turn's row was read.
-    recorded = (not fenced or len(rows) == len(keys)) if taking else (admitting or new_turn or bool(found[0]))
+    recorded = (not fenced or len(rows) == len(keys)) if taking else (admitting or new_turn or bool(read))
     if not recorded:
         return BudgetGrant(output_tokens=ask.max_output)
     reservations = [
         Reservation(BudgetKey(scope, key, period), int(epoch), int(tokens), float(usd))
-        for _, _, scope, key, period, epoch, tokens, usd in found[0]
+        for _, _, scope, key, period, epoch, tokens, usd in read
         if scope is not None
     ]
     budgets = tuple(kept_limits(budget, *rows.get(budget.key, _ZERO_ROW)[4:6]) for budget in charge.budgets)

@@ -36,7 +36,7 @@ from turnwire_server.store.postgres.replicas import Listener
 from turnwire_server.store.postgres.stuck_sessions import session_name
 from turnwire_server.store.postgres_url import PostgresTarget, parse_postgres_url
 
-__all__ = ["DEFAULT_POOL_SIZE", "PostgresConnection"]
+__all__ = ["DEFAULT_POOL_SIZE", "SINGLE_COMMITS", "PostgresConnection"]
 
 DEFAULT_POOL_SIZE: Final = 10
 """Connections the pool holds at most unless configured (``store.pool_size``)."""
@@ -60,7 +60,8 @@ a pipeline, between a write's read batch and its writes: not idle, so
 the operating system's default of hours, and its locks with it, so another replica can claim its
 turns (docs/operate/outages.md). A paused process (its kernel answers keepalives) is ended by the
 other replicas' claims instead (:mod:`.stuck_sessions`)."""
-_SINGLE_COMMITS = COMMIT_DURATION.labels("postgresql", "single")
+SINGLE_COMMITS = COMMIT_DURATION.labels("postgresql", "single")
+"""The commit-duration histogram's child for a transaction of its own (not a group commit)."""
 
 _KEEPALIVE: Final = {
     "keepalives": 1,
@@ -364,7 +365,7 @@ class PostgresConnection(CoreWrites, CoreReads, CoreSchedules, CoreWebhooks):
                         if pipeline:
                             await db.discard(conn)
                         raise
-                    _SINGLE_COMMITS.observe(time.perf_counter() - started)
+                    SINGLE_COMMITS.observe(time.perf_counter() - started)
                     # Committed, still on its connection: ``then`` reads what the last flight
                     # brought back (a pipelined read sent with the COMMIT costs no round trip).
                     return result if then is None else await then(result)

@@ -24,9 +24,8 @@ from turnwire_server.store.core.rows import compaction_from_row, to_us
 from turnwire_server.store.core.sql import just
 from turnwire_server.store.core.turn_writes import StartTurn, StartTurnPlan
 from turnwire_server.store.errors import StoreError
-from turnwire_server.store.metrics import COMMIT_DURATION
 from turnwire_server.store.postgres import db, turn_queue
-from turnwire_server.store.postgres.connection import PostgresConnection
+from turnwire_server.store.postgres.connection import SINGLE_COMMITS, PostgresConnection
 from turnwire_server.store.postgres.db import DIALECT, Conn, run_program
 from turnwire_server.store.records import BudgetCharge, BudgetGrant, BudgetLimits, TurnAdmission, TurnRecord
 
@@ -34,7 +33,6 @@ __all__ = ["OneFlight"]
 
 log = logging.getLogger("turnwire_server.store.postgres")
 
-_SINGLE_COMMITS = COMMIT_DURATION.labels("postgresql", "single")
 _LOAD_COMPACTION: Final = db.native(LOAD_COMPACTION_SQL)
 _OWN_TICKET: Final = (
     # The ticket of a running turn started by one attempt: its request id, owner and start time.
@@ -118,7 +116,7 @@ class OneFlight(PostgresConnection):
                         return None  # refused by the server: rolled back
                     ticket = None
                 if ticket is not None:
-                    _SINGLE_COMMITS.observe(time.perf_counter() - started)
+                    SINGLE_COMMITS.observe(time.perf_counter() - started)
                     taken = int((await ticket.fetchall())[0][0])
                     stored = self._decoded.messages(read, await history.fetchall())
                     record = None
