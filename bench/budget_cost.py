@@ -41,14 +41,15 @@ to show what each budget row adds). A request PASSes when budgets add at most 0.
 
 ``--base DIR`` (another checkout, e.g. main's, from stop 54 on) adds a fifth arm, **base**: the
 admitted arm with that checkout's charge program (its ``store/core/budget_writes.py`` and
-``budget_rules.py``, loaded as modules of their own) in place of this one's, the admission's
-charge and the final write's included; the admitted arm then runs this checkout's programs
-loaded the same way (before stop 61 it ran the imported ones while the base arm also ran the
-admission check as a read of its own: an A/A showed the base arm ~170 µs dearer),
+``budget_rules.py``, loaded as modules of their own) and PostgreSQL one flight (its
+``store/postgres/one_flight.py``, with its ``budget_flight.py`` from stop 62 on) in place of this
+one's, the admission's charge and the final write's included; the admitted arm then runs this
+checkout's programs loaded the same way (before stop 61 it ran the imported ones while the base arm
+also ran the admission check as a read of its own: an A/A showed the base arm ~170 µs dearer),
 interleaved with the others in the same process and stores (the arms' order reversed every other
 round, so no arm always follows the same one), and a table of the rounds' paired differences
-(admitted - base): an A/B that a loaded machine's drift between two runs would hide.
-The rest of the request (the turn's writes, the estimate, the engine) is this checkout's.
+(admitted - base): an A/B that a loaded machine's drift between two runs would hide. The rest of the
+request (the turn's writes, the estimate, the engine) is this checkout's.
 
 ``--ledger`` adds a table of where each arm's CPU goes on SQLite, by thread: the event loop's (the
 engine's budget code, the programs' hand-off), the writer's commits (the charge programs' Python,
@@ -63,7 +64,6 @@ import asyncio
 import dataclasses
 import datetime as dt
 import importlib.util
-import inspect
 import os
 import statistics
 import sys
@@ -117,46 +117,59 @@ _ESTIMATE = EstimateTokens()
 _PROMPTS: dict[int, tuple[int, int]] = {}
 
 
+_FLIGHT = one_flight.OneFlight._admit_flight  # PostgreSQL's one flight, as imported
+
+
 def _use(charges: Any) -> None:
     """The store's writes, the admission's included (SQLite's start, PostgreSQL's one flight),
-    call ``charges``' programs from now on (a module attribute of theirs)."""
-    for module in (core_writes, turn_writes, one_flight):
+    call ``charges``' programs from now on (a module attribute of theirs), and the one flight
+    is ``charges``' (a checkout's, :func:`_charges_of`) or this process's."""
+    for module in (core_writes, turn_writes):
         setattr(module, "budget_writes", charges)  # noqa: B010 (not an exported name)
+    one_flight.OneFlight._admit_flight = getattr(charges, "admit_flight", _FLIGHT)  # type: ignore[method-assign]
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def _charges_of(checkout: Path) -> Any:
     """``checkout``'s charge programs as the store's writes call them: its ``budget_rules`` and
     ``budget_writes`` executed while they stand in for the imported ones in ``sys.modules`` (so
-    its writes import its rules), then put back. Both arms of an A/B load theirs this way, so
-    neither runs on the modules the rest of the process warmed. Checkouts from stop 54 on (an
-    ``admission_budget``); one before stop 61 is given no ``new_turn`` (its flight reads the new
-    turn's reservations, as it did)."""
-    core = checkout / "server" / "turnwire_server" / "store" / "core"
+    its writes import its rules), then put back; and its one flight (``store/postgres/
+    one_flight.py``, with its ``budget_flight.py`` where it has one, both calling its programs).
+    Both arms of an A/B load theirs this way, so neither runs on the modules the rest of the
+    process warmed. Checkouts from stop 54 on (an ``admission_budget``)."""
+    server = checkout / "server" / "turnwire_server" / "store"
     names = [f"turnwire_server.store.core.{name}" for name in ("budget_rules", "budget_writes")]
     saved = {name: sys.modules[name] for name in names}
     loaded: list[ModuleType] = []
     try:
         for name in names:
-            spec = importlib.util.spec_from_file_location(name, core / f"{name.rsplit('.', 1)[1]}.py")
-            assert spec is not None and spec.loader is not None
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            spec.loader.exec_module(module)
-            loaded.append(module)
+            loaded.append(_load(name, server / "core" / f"{name.rsplit('.', 1)[1]}.py"))
     finally:
         sys.modules.update(saved)
     writes = loaded[1]
     if not hasattr(writes, "admission_budget"):
         raise SystemExit(f"--base {checkout}: a checkout from stop 54 on (no admission_budget there)")
-    admission = writes.admission_budget
-    if "new_turn" not in inspect.signature(admission).parameters:
-
-        def admission(
-            budget: Any, refuse: Any, dialect: Any, *, admitting: bool, new_turn: bool = False
-        ) -> Any:
-            return writes.admission_budget(budget, refuse, dialect, admitting=admitting)
-
-    return SimpleNamespace(charge_budget=writes.charge_budget, admission_budget=admission)
+    tag = f"_bench_{abs(hash(checkout))}"
+    flight = _load(f"turnwire_server.store.postgres.one_flight{tag}", server / "postgres" / "one_flight.py")
+    if hasattr(flight, "budget_writes"):  # before the database decided the first reservation
+        setattr(flight, "budget_writes", writes)  # noqa: B010 (not an exported name)
+    if (decided := server / "postgres" / "budget_flight.py").exists():
+        budget_flight = _load(f"turnwire_server.store.postgres.budget_flight{tag}", decided)
+        setattr(budget_flight, "admitted_grant", writes.admitted_grant)  # noqa: B010
+        setattr(flight, "budget_flight", budget_flight)  # noqa: B010
+    return SimpleNamespace(
+        charge_budget=writes.charge_budget,
+        admission_budget=writes.admission_budget,
+        admit_flight=flight.OneFlight._admit_flight,
+    )
 
 
 def _history(messages: int) -> list[message_pb2.Message]:

@@ -1,10 +1,9 @@
-"""What a budgeted turn sends PostgreSQL (docs/cost.md, "What it costs per request"): a new
-turn's first reservation, riding the one flight that admits it, reads the budget rows it takes
-and nothing else (the turn has no reservation yet: its request id had no row); the turn's last
-settlement, riding its final write, is one statement that locks the rows in key order, settles
-and deletes the reservations. The programs are driven here without a database (their answers
-given), to count what each batch sends; the stores' tests run the same programs on real
-databases."""
+"""What a budgeted turn sends PostgreSQL (docs/cost.md, "What it costs per request"): a retried
+request id's admission reads what its earlier attempt reserved; the turn's last settlement,
+riding its final write, is one statement that locks the rows in key order, settles and deletes
+the reservations. The programs are driven here without a database (their answers given), to
+count what each batch sends; the stores' tests run the same programs on real databases (a new
+turn's first reservation in PostgreSQL's one flight: ``test_budget_flight.py``)."""
 
 from __future__ import annotations
 
@@ -17,7 +16,6 @@ from turnwire_server.store.postgres.db import DIALECT
 from turnwire_server.store.records import (
     BudgetAsk,
     BudgetCharge,
-    BudgetGrant,
     BudgetKey,
     BudgetLimits,
     TurnLease,
@@ -48,24 +46,6 @@ def _batches(program: Program[Any], answers: Sequence[Sequence[Any]]) -> tuple[l
 def _row(key: BudgetKey, spent: int = 0) -> tuple[Any, ...]:
     # A taken row: its key, spends (tokens, usd, reserved tokens, reserved usd), stored limits.
     return (*key, spent, 0.0, 0, 0.0, None, None)
-
-
-def test_a_new_turns_first_reservation_reads_only_the_rows_it_takes() -> None:
-    ask = BudgetAsk(prompt_tokens=500, prompt_usd=0.0, usd_per_output_token=0.0, max_output=1_000)
-    charge = BudgetCharge("r1", "c1", LEASE, BUDGETS, ask=ask)
-    taken = [_row(PRINCIPAL_DAY, 2_000), _row(TENANT_DAY, 9_000)]
-
-    sent, grant = _batches(
-        budget_writes.admission_budget(charge, (), DIALECT, admitting=False, new_turn=True), [[taken]]
-    )
-
-    (reads, writes) = sent
-    assert len(reads) == 1, [s.sql for s in reads]
-    assert "budget_reservations" not in reads[0].sql
-    assert "FOR UPDATE" not in reads[0].sql and "ON CONFLICT" in reads[0].sql  # the take locks
-    assert len(writes) == 1  # the reservations and the rows, folded into one statement
-    assert isinstance(grant, BudgetGrant) and grant.output_tokens == 1_000 and grant.refused is None
-    assert grant.spends[PRINCIPAL_DAY].reserved_tokens == 1_500
 
 
 def test_a_retried_request_ids_admission_still_reads_what_its_earlier_attempt_reserved() -> None:

@@ -6,10 +6,11 @@ A charge with an ask is one transaction of two batches, of two statements each (
 the writes fold into one). The first reads the turn's fencing token (its row locked, as
 :mod:`.fencing` does) with its stored reservations, or only the reservations when the charge
 rides a turn write that read and locked the token already (``fenced``); and takes the budget
-rows: the charged ones and those of the turn's reservations (a new turn's, in PostgreSQL's
-one-flight admission, has none: the take alone). On PostgreSQL they are taken in key
-order, created at zero when missing and locked by one upsert that returns them (``INSERT … ON
-CONFLICT DO UPDATE … RETURNING``: the update locks the row, an existing one or one a racing
+rows: the charged ones and those of the turn's reservations. (A new turn in PostgreSQL's
+one-flight admission has the database decide instead: :mod:`turnwire_server.store.postgres.
+budget_flight`, whose grant :func:`admitted_grant` works out again.) On PostgreSQL they are
+taken in key order, created at zero when missing and locked by one upsert that returns them
+(``INSERT … ON CONFLICT DO UPDATE … RETURNING``: the update locks the row, an existing one or one a racing
 charge just created, and returns its latest committed state), so charges racing from several
 replicas for one budget take turns on its row and each sees the other's reservation. SQLite
 applies writes one at a time under the database's write lock: there the rows are read (a missing
@@ -39,10 +40,18 @@ from turnwire_server.store.core.budget_rules import Reservation, fit_output, set
 from turnwire_server.store.core.fencing import holds_lease, lease_read
 from turnwire_server.store.core.sql import Dialect, Program, Statement, folded, joined
 from turnwire_server.store.errors import BudgetSpent
-from turnwire_server.store.records import BudgetCharge, BudgetGrant, BudgetKey, BudgetLimits, BudgetSpend
+from turnwire_server.store.records import (
+    BudgetAsk,
+    BudgetCharge,
+    BudgetGrant,
+    BudgetKey,
+    BudgetLimits,
+    BudgetSpend,
+)
 
 __all__ = [
     "admission_budget",
+    "admitted_grant",
     "charge_budget",
     "conversation_deleted",
     "kept_limits",
@@ -189,7 +198,6 @@ def charge_budget(
     *,
     fenced: bool = False,
     admitting: bool = False,
-    new_turn: bool = False,
     refuse: Sequence[BudgetLimits] = (),
 ) -> Program[BudgetGrant]:
     """``BudgetStore.charge_budget``: settle ``charge.request_id``'s reservations and reserve
@@ -202,16 +210,13 @@ def charge_budget(
     each batch) reads and locks the turn's token under ``charge.lease`` and raises when it was
     lost, so this one does not read it again. ``admitting``: the program it is joined to is the
     turn's start (``start_turn``), which writes the turn's row in its last batch, after this
-    one's reads (``fenced`` implied: the token is the one that start writes). ``new_turn``: that
-    transaction wrote the turn's row already, for a request id that had none (PostgreSQL's
-    one-flight admission, whose insert fails otherwise): ``fenced`` implied, and the turn has no
-    reservations (one is written only while its turn's row exists, and a turn's row goes only
-    with them or for a row of the same request id), so the first batch is the rows' take alone,
-    without the reservations' read. ``refuse`` (an
+    one's reads (``fenced`` implied: the token is the one that start writes). (PostgreSQL's
+    one-flight admission, whose turn is new, has the database decide its first reservation
+    instead: :mod:`turnwire_server.store.postgres.budget_flight`.) ``refuse`` (an
     admission's, whose charge takes their rows): raises :class:`BudgetSpent` (the transaction
     writes nothing) when one of these budgets is exhausted on the rows as taken and settled, before
     the charge decides (:func:`refusal_check`'s rule)."""
-    fenced = fenced or admitting or new_turn
+    fenced = fenced or admitting
     ask = charge.ask
     if ask is None:
         return (yield from _settled(charge, dialect, fenced=fenced))
@@ -222,35 +227,28 @@ def charge_budget(
     # row. The turn's row is read then (unless this transaction writes it) to tell whether it
     # is recorded, as the take's guard does where rows are taken.
     taking = bool(dialect.lock_rows)
-    if new_turn:
-        reads: list[Statement] = []
-    elif admitting or (fenced and taking):
+    if admitting or (fenced and taking):
         reads = [Statement(_RESERVATIONS, (charge.request_id,), fetch=True)]
     else:
         lock = f"{dialect.lock_rows} OF t" if taking and not fenced else ""
         reads = [Statement(_TOKEN_AND_RESERVATIONS + lock, (charge.request_id,), fetch=True)]
     if taking:
         params: list[Any] = [value for k in keys for value in (*k, owners[k])]
-        # A new turn has no other reservations: only its charged rows are taken (with none
-        # charged, the general take, which finds none).
-        others = not (new_turn and keys)
-        if others:
+        params.append(charge.request_id)
+        params.extend(value for k in keys for value in k)
+        if not admitting:
             params.append(charge.request_id)
-            params.extend(value for k in keys for value in k)
-            if not admitting:
-                params.append(charge.request_id)
-        reads.append(Statement(_take_rows(len(keys), others and not admitting, others), params, fetch=True))
+        reads.append(Statement(_take_rows(len(keys), not admitting), params, fetch=True))
     else:
         params = [value for k in keys for value in k]
         params.append(charge.request_id)
         reads.append(Statement(_read_rows(len(keys)), params, fetch=True))
-    *first, taken = yield reads
-    read = first[0] if first else []  # the token and reservations (a new turn's: none read)
+    read, taken = yield reads
     if not fenced and not holds_lease([row[:2] for row in read[:1]], charge.lease):
         return BudgetGrant(output_tokens=ask.max_output)
     rows = {BudgetKey(*row[:3]): row[3:] for row in taken}
     # Still recorded: the take's guard created every row, or the turn's row was read.
-    recorded = (not fenced or len(rows) == len(keys)) if taking else (admitting or new_turn or bool(read))
+    recorded = (not fenced or len(rows) == len(keys)) if taking else (admitting or bool(read))
     if not recorded:
         return BudgetGrant(output_tokens=ask.max_output)
     reservations = [
@@ -268,20 +266,12 @@ def charge_budget(
     _refused(refuse, spends)
     writes: list[Statement] = []
     reserved: set[BudgetKey] = set()
-    output, refused = fit_output(ask, budgets, spends)
-    tokens, usd = 0, 0.0
+    output, refused, tokens, usd = _reserve(ask, budgets, spends)
     if refused is None:
-        tokens = ask.prompt_tokens + output
-        usd = ask.prompt_usd + output * ask.usd_per_output_token
-        for budget in budgets:
-            spent_tokens, spent_usd, reserved_tokens, reserved_usd = _columns(spends[budget.key])
-            spends[budget.key] = BudgetSpend(
-                spent_tokens, spent_usd, reserved_tokens + tokens, reserved_usd + usd
-            )
         reserved = {budget.key for budget in budgets}
         writes.append(
             Statement(
-                _reserve(len(budgets)),
+                _reserve_sql(len(budgets)),
                 [
                     value
                     for b in budgets
@@ -318,20 +308,53 @@ def charge_budget(
     return BudgetGrant(output, tokens, usd, refused, spends, budgets)
 
 
+def admitted_grant(charge: BudgetCharge, taken: Sequence[Sequence[Any]]) -> BudgetGrant:
+    """The grant of a new turn's first reservation that the database decided and wrote
+    (:mod:`turnwire_server.store.postgres.budget_flight`, which applies :func:`fit_output` in SQL,
+    tested for agreement): worked out again here from ``taken``, the charged budgets' rows as the
+    flight took them (key, spends, stored limits; the turn is new: no reservation to settle).
+    ``charge.ask`` must be given."""
+    ask = charge.ask
+    assert ask is not None, "a first reservation asks"
+    rows = {BudgetKey(*row[:3]): row[3:] for row in taken}
+    budgets = tuple(kept_limits(budget, *rows.get(budget.key, _ZERO_ROW)[4:6]) for budget in charge.budgets)
+    spends = {k: _spend(row) for k, row in rows.items()}
+    output, refused, tokens, usd = _reserve(ask, budgets, spends)
+    return BudgetGrant(output, tokens, usd, refused, spends, budgets)
+
+
+def _reserve(
+    ask: BudgetAsk, budgets: Sequence[BudgetLimits], spends: dict[BudgetKey, BudgetSpend]
+) -> tuple[int, BudgetKey | None, int, float]:
+    """The output granted (:func:`~.budget_rules.fit_output`), the budget that refused it (None:
+    granted), and the reservation (tokens, US dollars; 0 when refused), added to ``spends`` (in
+    place) of every budget of ``budgets`` when granted."""
+    output, refused = fit_output(ask, budgets, spends)
+    if refused is not None:
+        return output, refused, 0, 0.0
+    tokens = ask.prompt_tokens + output
+    usd = ask.prompt_usd + output * ask.usd_per_output_token
+    for budget in budgets:
+        spent_tokens, spent_usd, reserved_tokens, reserved_usd = _columns(spends.get(budget.key, _ZERO))
+        spends[budget.key] = BudgetSpend(
+            spent_tokens, spent_usd, reserved_tokens + tokens, reserved_usd + usd
+        )
+    return output, None, tokens, usd
+
+
 def admission_budget(
     budget: BudgetCharge | None,
     refuse: Sequence[BudgetLimits],
     dialect: Dialect,
     *,
     admitting: bool,
-    new_turn: bool = False,
 ) -> Program[BudgetGrant | None]:
     """A new turn's budget work in the transaction that admits it (``Store.admit_turn``): the
     check of ``refuse`` (:func:`refusal_check`'s rule; raises :class:`BudgetSpent`) and the first
     reservation ``budget`` (:func:`charge_budget`, fenced: the admission writes the turn's row),
     either absent. The check rides the charge when the charge takes every row it names, else it
-    reads them. ``admitting``, ``new_turn``: as :func:`charge_budget`'s (the turn's row is written
-    after this program's reads; before them, for a request id that had none). Returns the
+    reads them. ``admitting``: as :func:`charge_budget`'s (the turn's row is written after this
+    program's reads). Returns the
     charge's grant (None without ``budget``)."""
     if budget is None:
         if refuse:
@@ -339,12 +362,8 @@ def admission_budget(
         return None
     charged = {limits.key for limits in budget.budgets}
     if all(limits.key in charged for limits in refuse):
-        return (
-            yield from charge_budget(
-                budget, dialect, fenced=True, admitting=admitting, new_turn=new_turn, refuse=refuse
-            )
-        )
-    charge = charge_budget(budget, dialect, fenced=True, admitting=admitting, new_turn=new_turn)
+        return (yield from charge_budget(budget, dialect, fenced=True, admitting=admitting, refuse=refuse))
+    charge = charge_budget(budget, dialect, fenced=True, admitting=admitting)
     _, grant = yield from joined(refusal_check(refuse), charge)
     return grant
 
@@ -411,14 +430,10 @@ def _settlement(charge: BudgetCharge, epoch: int, dialect: Dialect) -> list[Stat
 
 
 @functools.lru_cache(maxsize=64)
-def _take_rows(count: int, guarded: bool, others: bool = True) -> str:
+def _take_rows(count: int, guarded: bool) -> str:
     # A join on the keys (not an OR of conditions, which SQLite answers with a scan of the table).
-    # others: the rows of the turn's other reservations too (False: a new turn's, which has none;
-    # at least one key then).
     guard = _RECORDED if guarded else " WHERE true"  # a WHERE before ON CONFLICT, as above
     charged = ", ".join(["(?, ?, ?, ?)"] * count)
-    if not others:
-        return _TAKE_ROWS.format(keys=f"VALUES {charged}", guard=guard)
     if not count:
         return _TAKE_ROWS.format(keys=_OTHER_RESERVED, guard=guard)
     named = ", ".join(["(?, ?, ?)"] * count)
@@ -443,7 +458,7 @@ def _states(count: int) -> str:
 
 
 @functools.lru_cache(maxsize=32)
-def _reserve(count: int) -> str:
+def _reserve_sql(count: int) -> str:
     return _RESERVE.format(values=", ".join(["(?, ?, ?, ?, ?, ?, ?, ?)"] * count))
 
 

@@ -200,12 +200,11 @@ class TurnQueue(OneFlight):
         message, a submission no longer pending) wait in line, then :meth:`start_turn`. Raises
         :class:`ValueError` for an invalid turn or message before anything is sent. ``budget``
         rides the admitting transaction either way (``TurnAdmission.budget``, its grant): on the
-        waiting path :meth:`start_turn`'s; on the idle path the flight's, which then goes out
-        without its ``COMMIT`` (a charge decides its writes on the rows it read): the charge's
-        reads are answered with the flight's, its writes go out with the ``COMMIT``. ``refuse``
-        is checked on the charge's rows (the flight's budget check costs no statement then), or
-        on a read of its own that the flight waits for before its ``COMMIT`` (no charge carried);
-        :class:`~turnwire_server.store.errors.BudgetSpent` rolls the flight back."""
+        waiting path :meth:`start_turn`'s; on the idle path the flight's, decided by the database
+        (:mod:`.budget_flight`: the flight still waits once). ``refuse`` is checked on the
+        charge's rows (no statement of its own then), or on a read of its own; a spent budget
+        fails the flight and the turn takes the waiting path, whose check raises
+        :class:`~turnwire_server.store.errors.BudgetSpent` (nothing stored either way)."""
         start = prepare_start_turn(turn, messages)
         return self._admit(
             turn,

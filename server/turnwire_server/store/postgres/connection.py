@@ -30,6 +30,7 @@ from turnwire_server.store.errors import StoreError, StoreUnreachable, StoreValu
 from turnwire_server.store.metrics import COMMIT_DURATION
 from turnwire_server.store.postgres import db
 from turnwire_server.store.postgres.batching import GroupCommit
+from turnwire_server.store.postgres.budget_flight import SpentBudgets
 from turnwire_server.store.postgres.db import DIALECT, RACE_ERRORS, RETRIES, Conn, run_program
 from turnwire_server.store.postgres.migrations import apply_migrations, load_migrations
 from turnwire_server.store.postgres.replicas import Listener
@@ -121,6 +122,8 @@ class PostgresConnection(CoreWrites, CoreReads, CoreSchedules, CoreWebhooks):
         # retried in the background until a later taking that took the ticket removes the pair
         # (TurnQueue._ticket_query); a pair left after its release committed releases nothing.
         self._unreleased: set[tuple[str, str]] = set()
+        # Budgets a one-flight admission found spent: their new turns are admitted the waiting way.
+        self._spent_budgets = SpentBudgets()
         self._group_commit = GroupCommit(self._require_pool, self._now_us, self._error)
         self._listener = Listener(self._listen_connection, on_back=self._check_pool)
         # Writes of one conversation are applied in call order (Store: checkpoints are applied in

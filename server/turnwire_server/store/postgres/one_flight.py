@@ -17,14 +17,14 @@ from typing import Any, Final
 import psycopg
 import psycopg_pool
 
-from turnwire_server.store.core import budget_writes, turn_writes
+from turnwire_server.store.core import turn_writes
 from turnwire_server.store.core.fork_rules import claim_reads
 from turnwire_server.store.core.reads import LOAD_COMPACTION_SQL
 from turnwire_server.store.core.rows import compaction_from_row, to_us
 from turnwire_server.store.core.sql import just
 from turnwire_server.store.core.turn_writes import StartTurn, StartTurnPlan
 from turnwire_server.store.errors import StoreError
-from turnwire_server.store.postgres import db, turn_queue
+from turnwire_server.store.postgres import budget_flight, db, turn_queue
 from turnwire_server.store.postgres.connection import SINGLE_COMMITS, PostgresConnection
 from turnwire_server.store.postgres.db import DIALECT, Conn, run_program
 from turnwire_server.store.records import BudgetCharge, BudgetGrant, BudgetLimits, TurnAdmission, TurnRecord
@@ -75,13 +75,17 @@ class OneFlight(PostgresConnection):
         """The one-flight admission: ``BEGIN``, the conversation's write lock, the queue lock, the
         ticket (failing the transaction unless it heads the queue), the input's writes
         (:func:`_start_new_turn`, failing it in the uncommon cases), the history and compaction
-        reads, ``COMMIT``, sent together; the server is waited for once. With ``budget`` (the
-        first reservation), its charge's reads go out before the ``COMMIT`` and are answered with
-        the flight's (one round trip for both), its writes with the ``COMMIT`` (a second). Returns
-        the ticket and what was read; None when the transaction failed (nothing stored, no ticket taken: the
-        caller takes the waiting path, which also reports a database that is down). A connection
-        lost on the way leaves the ``COMMIT``'s outcome unknown: :meth:`_own_start` tells it."""
+        reads, ``COMMIT``, sent together; the server is waited for once. ``budget`` (the first
+        reservation) and the ``refuse`` check go out with them, decided by the database
+        (:mod:`.budget_flight`). Returns the ticket and what was read; None when the transaction
+        failed (nothing stored, no ticket taken: the caller takes the waiting path, which also
+        reports a database that is down, and raises the refusal of a spent budget) or when a
+        budget of ``refuse`` failed a flight lately (:class:`~.budget_flight.SpentBudgets`). A
+        connection lost on the way leaves the ``COMMIT``'s outcome unknown: :meth:`_own_start`
+        tells it."""
         conversation_id = turn.conversation_id
+        if refuse and self._spent_budgets.spent(refuse):
+            return None
         pool = self._require_pool("admit_turn")
         try:
             async with pool.connection() as conn:
@@ -104,14 +108,11 @@ class OneFlight(PostgresConnection):
                             compaction = await conn.execute(_LOAD_COMPACTION, (conversation_id,))
                         grant = None
                         if budget is not None or refuse:  # the turn's row is the flight's, and new
-                            grant = await run_program(
-                                conn,
-                                budget_writes.admission_budget(
-                                    budget, refuse, DIALECT, admitting=False, new_turn=True
-                                ),
-                            )
+                            grant = await budget_flight.send_admission_budget(conn, budget, refuse)
                 except psycopg.Error as error:
                     await db.discard(conn)
+                    if budget_flight.refused_by_budget(error):
+                        self._spent_budgets.note(refuse)
                     if not self._is_gone(error, error.sqlstate):
                         return None  # refused by the server: rolled back
                     ticket = None
@@ -122,7 +123,9 @@ class OneFlight(PostgresConnection):
                     record = None
                     if compaction is not None and (found := await compaction.fetchall()):
                         record = compaction_from_row(found[0])
-                    return taken, TurnAdmission(stored, record, compaction_read=read_compaction, budget=grant)
+                    granted = None if grant is None else await grant()
+                    admission = TurnAdmission(stored, record, compaction_read=read_compaction, budget=granted)
+                    return taken, admission
         except (psycopg.Error, psycopg_pool.PoolTimeout):
             return None
         sent = (backend, time.perf_counter() - started)
