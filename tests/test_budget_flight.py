@@ -7,6 +7,7 @@ refused the waiting way, and the turns that follow on that budget go that way at
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import itertools
 from collections.abc import AsyncIterator
@@ -16,9 +17,18 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from support.engine_harness import CONV, Harness, RecordingProvider, end_of, engine_settings
 from support.stores import StoreBackend, leased_turn, postgres_database
 
-from turnwire_client.v1 import message_pb2
+from turnwire.testing import ScriptedProvider, ScriptedUsage, ScriptStep
+from turnwire_client.v1 import event_pb2, message_pb2
+from turnwire_server.api.status import status_of
+from turnwire_server.engine import TurnEngine
+from turnwire_server.engine.budget_settings import BudgetSettings
+from turnwire_server.engine.errors import BudgetRefused
+from turnwire_server.engine.tracing import TRACING_OFF
+from turnwire_server.hooks.chain import MiddlewareChain
+from turnwire_server.providers.registry import ProviderRegistry
 from turnwire_server.store import Store, TurnRecord
 from turnwire_server.store.core.budget_rules import fit_output
 from turnwire_server.store.core.budget_writes import kept_limits
@@ -255,7 +265,7 @@ async def test_the_flight_reads_no_answer_before_its_commit(
     assert sum("budget_spend" in sql for sql in flight) == 2  # the take and the decision
 
 
-async def test_a_spent_budget_fails_the_flight_then_sends_its_turns_the_waiting_way(
+async def test_a_spent_budget_fails_one_flight_then_a_read_refuses_until_it_has_room(
     postgres: tuple[Store, StoreBackend], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store, store_backend = postgres
@@ -272,19 +282,30 @@ async def test_a_spent_budget_fails_the_flight_then_sends_its_turns_the_waiting_
         "INSERT INTO budget_spend (scope, scope_key, period, spent_tokens) VALUES (?, ?, ?, 1000)", key
     )
     spent = BudgetLimits(key, tokens=1_000)
-    for n in range(3):
-        turn = leased_turn(f"r{n}", f"c{n}", "a", start_time=T0)
-        charge = BudgetCharge(
+
+    def charge(turn: TurnRecord) -> BudgetCharge:
+        return BudgetCharge(
             turn.request_id, turn.conversation_id, turn.lease, (spent,), ask=BudgetAsk(1, 0, 0, 1)
         )
-        with pytest.raises(BudgetSpent) as refused:
-            await _admitted(store, turn, charge if n != 1 else None, refuse=(spent,))
-        assert refused.value.budget == spent
+
+    for n in range(3):
+        turn = leased_turn(f"r{n}", f"c{n}", "a", start_time=T0)
+        with pytest.raises(BudgetSpent) as refused:  # a reservation carried, or the check alone
+            await _admitted(store, turn, charge(turn) if n != 1 else None, refuse=(spent,))
+        assert (refused.value.budget, refused.value.spend.spent_tokens) == (spent, 1_000)
         assert await store.get_turn(turn.request_id) is None
-    # The first refusal failed a flight (its pooled connection discarded); the next two went the
-    # waiting way at once, failing nothing.
+    # The first refusal failed a flight (its pooled connection discarded); the next two were
+    # refused by the read alone, before anything waited in line.
     assert len(discarded) == 1
     assert store_backend.sql("SELECT count(*) FROM budget_reservations") == [(0,)]
+    # With room again (a limit raised), the read lets the turn fly: admitted in one flight.
+    roomy = BudgetLimits(key, tokens=2_000)
+    turn = leased_turn("r3", "c3", "a", start_time=T0)
+    grant, queued = await _admitted(
+        store, turn, dataclasses.replace(charge(turn), budgets=(roomy,)), refuse=(roomy,)
+    )
+    assert queued == [] and grant is not None and grant.refused is None
+    assert len(discarded) == 1
 
 
 def test_spent_budgets_are_remembered_for_a_while_and_boundedly() -> None:
@@ -301,3 +322,45 @@ def test_spent_budgets_are_remembered_for_a_while_and_boundedly() -> None:
         spent.note((BudgetLimits(BudgetKey("tenant/day", f"t{n}", "2026-01-02")),))
     assert not spent.spent((BudgetLimits(BudgetKey("tenant/day", "t0", "2026-01-02")),))
     assert spent.spent((BudgetLimits(BudgetKey("tenant/day", "t1099", "2026-01-02")),))
+
+
+async def test_the_engine_refuses_a_turn_on_a_spent_budget_before_start_returns(
+    postgres: tuple[Store, StoreBackend],
+) -> None:
+    # The call's refusal (RESOURCE_EXHAUSTED before any event), as on SQLite
+    # (test_budget_admission_engine.py), though the flight failed and the turn took the waiting way.
+    store, _ = postgres
+    provider = RecordingProvider(
+        ScriptedProvider(
+            {
+                "main": [
+                    ScriptStep(
+                        text="Long.", usage=ScriptedUsage(input_tokens=900, output_tokens=200), repeat=True
+                    )
+                ]
+            }
+        )
+    )
+    chain = MiddlewareChain([])
+    engine = TurnEngine(
+        store=store,
+        providers=ProviderRegistry({"scripted": provider}),
+        tools={},
+        chain=chain,
+        settings=engine_settings(budgets=BudgetSettings.model_validate({"conversation": {"tokens": 1_000}})),
+        error_status=status_of,
+        tracing=TRACING_OFF,
+    )
+    h = Harness(engine, store, provider, chain)  # type: ignore[arg-type]  # the harness's SQLite type
+    try:
+        assert end_of(await h.run("hi")).status == event_pb2.TURN_STATUS_COMPLETED  # 1 100 of 1 000
+        stored = [m.id for m in await store.load_messages(CONV)]
+        for _ in range(3):  # the flight failed on it, then twice a read alone
+            with pytest.raises(BudgetRefused) as refused:
+                await h.start("again", request_id="again", message_id="u-again")
+            assert refused.value.budget == "conversation"
+        assert engine.running == 0 and provider.calls == 1
+        assert [m.id for m in await store.load_messages(CONV)] == stored
+        assert await store.get_turn("again") is None
+    finally:
+        await engine.drain(1.0)

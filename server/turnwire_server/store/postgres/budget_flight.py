@@ -21,9 +21,10 @@ flight's others, before its ``COMMIT``:
 
 The grant is worked out again from the taken rows once the ``COMMIT`` is in
 (:func:`~turnwire_server.store.core.budget_writes.admitted_grant`). A flight failed by a spent
-budget is retried by the caller the waiting way, whose charge raises the refusal that names it;
-:class:`SpentBudgets` remembers such budgets for a while, so the turns that follow go that way
-at once (a failed flight costs its pooled connection: :func:`~.db.discard`).
+budget is followed by a read of the budgets, which names the one spent (the admission raises
+``BudgetSpent``, as the check riding a transaction does); :class:`SpentBudgets` remembers such
+budgets for a while, so the turns that follow are refused by that read alone, without a flight
+(a failed flight costs its pooled connection: :func:`~.db.discard`).
 """
 
 from __future__ import annotations
@@ -136,11 +137,11 @@ _SPENT_KEPT: Final = 1024
 
 class SpentBudgets:
     """Budgets that failed a flight as spent, remembered for :data:`_SPENT_SECONDS` (at most
-    :data:`_SPENT_KEPT`): a new turn that one of them would refuse skips the flight and is
-    admitted the waiting way, whose charge refuses it without failing its transaction (a failed
-    flight costs its pooled connection, so a tenant sending turns on a spent budget would make
-    the pool reconnect for each). Only a route: the waiting way decides on the rows as it finds
-    them, so a budget with room again (a settlement, a raised limit) admits there."""
+    :data:`_SPENT_KEPT`): a new turn that one of them would refuse is checked by a read before
+    any flight (``OneFlight._refuse_spent``), which refuses it without failing a transaction (a
+    failed flight costs its pooled connection, so a tenant sending turns on a spent budget would
+    make the pool reconnect for each). Only a route: a read that finds room (a settlement, a
+    raised limit) forgets them, and the flight decides as always."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock  # seconds
@@ -158,6 +159,11 @@ class SpentBudgets:
                     return True
                 del self._until[limits.key]
         return False
+
+    def forget(self, refuse: Sequence[BudgetLimits]) -> None:
+        """Forget ``refuse``'s budgets: a read found them with room."""
+        for limits in refuse:
+            self._until.pop(limits.key, None)
 
     def note(self, refuse: Sequence[BudgetLimits]) -> None:
         """Remember ``refuse``'s budgets: one of them failed a flight as spent."""

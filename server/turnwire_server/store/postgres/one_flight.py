@@ -23,11 +23,18 @@ from turnwire_server.store.core.reads import LOAD_COMPACTION_SQL
 from turnwire_server.store.core.rows import compaction_from_row, to_us
 from turnwire_server.store.core.sql import just
 from turnwire_server.store.core.turn_writes import StartTurn, StartTurnPlan
-from turnwire_server.store.errors import StoreError
+from turnwire_server.store.errors import BudgetSpent, StoreError
 from turnwire_server.store.postgres import budget_flight, db, turn_queue
 from turnwire_server.store.postgres.connection import SINGLE_COMMITS, PostgresConnection
 from turnwire_server.store.postgres.db import DIALECT, Conn, run_program
-from turnwire_server.store.records import BudgetCharge, BudgetGrant, BudgetLimits, TurnAdmission, TurnRecord
+from turnwire_server.store.records import (
+    BudgetCharge,
+    BudgetGrant,
+    BudgetLimits,
+    BudgetSpend,
+    TurnAdmission,
+    TurnRecord,
+)
 
 __all__ = ["OneFlight"]
 
@@ -48,6 +55,7 @@ _END_FLIGHT_SESSION: Final = (
     b" WHERE pid = %s AND datname = current_database() AND pid <> pg_backend_pid()"
     b" AND backend_start < now() - make_interval(secs => %s)"
 )
+_NOTHING_SPENT: Final = BudgetSpend()
 _END_SESSION_SECONDS: Final = 5.0
 """How long :meth:`OneFlight._end_session` waits for a cut-off flight's session to end."""
 _SUBMISSION_NOT_PENDING: Final = (
@@ -79,13 +87,14 @@ class OneFlight(PostgresConnection):
         reservation) and the ``refuse`` check go out with them, decided by the database
         (:mod:`.budget_flight`). Returns the ticket and what was read; None when the transaction
         failed (nothing stored, no ticket taken: the caller takes the waiting path, which also
-        reports a database that is down, and raises the refusal of a spent budget) or when a
-        budget of ``refuse`` failed a flight lately (:class:`~.budget_flight.SpentBudgets`). A
-        connection lost on the way leaves the ``COMMIT``'s outcome unknown: :meth:`_own_start`
-        tells it."""
+        reports a database that is down). Raises :class:`BudgetSpent` (nothing stored) when a
+        budget of ``refuse`` is spent: the flight failed on it, or, for a budget that failed a
+        flight lately (:class:`~.budget_flight.SpentBudgets`), a read before any flight says so
+        (:meth:`_refuse_spent`). A connection lost on the way leaves the ``COMMIT``'s outcome
+        unknown: :meth:`_own_start` tells it."""
         conversation_id = turn.conversation_id
         if refuse and self._spent_budgets.spent(refuse):
-            return None
+            await self._refuse_spent(refuse)
         pool = self._require_pool("admit_turn")
         try:
             async with pool.connection() as conn:
@@ -113,6 +122,8 @@ class OneFlight(PostgresConnection):
                     await db.discard(conn)
                     if budget_flight.refused_by_budget(error):
                         self._spent_budgets.note(refuse)
+                        await self._refuse_spent(refuse)
+                        return None  # settled since: the waiting path checks again
                     if not self._is_gone(error, error.sqlstate):
                         return None  # refused by the server: rolled back
                     ticket = None
@@ -130,6 +141,20 @@ class OneFlight(PostgresConnection):
             return None
         sent = (backend, time.perf_counter() - started)
         return await self._own_start(turn, read_compaction, carried=budget is not None, sent=sent)
+
+    async def _refuse_spent(self, refuse: Sequence[BudgetLimits]) -> None:
+        """Raise :class:`BudgetSpent` for the first budget of ``refuse`` that is spent, read now
+        (the rule of ``budget_writes.refusal_check``, which the waiting path's admission applies in
+        its transaction); else forget them as spent (a settlement or a new limit made room) and
+        return. The refusal a flight failed on is said here, before anything waits in line, as
+        when the flight's own check raised it: the call is refused before the engine's ``start``
+        returns (docs/cost.md, "When a budget is exhausted")."""
+        spends = await self.budget_spends([limits.key for limits in refuse])
+        for limits in refuse:
+            spend = spends.get(limits.key, _NOTHING_SPENT)
+            if limits.exhausted_by(spend):
+                raise BudgetSpent(limits, spend)
+        self._spent_budgets.forget(refuse)
 
     async def _own_start(
         self, turn: TurnRecord, read_compaction: bool, *, carried: bool, sent: tuple[int, float]
