@@ -17,13 +17,15 @@ from turnwire.compaction import (
     DropOldestToolOutputs,
     EstimateTokens,
     SummarizeOlder,
+    _SchemaChars,
     elide_outputs,
     message_bytes,
 )
 from turnwire.hooks import Middleware, SessionConfig, SessionContext
 from turnwire.middlewares import ContextCompaction
-from turnwire.providers import ProviderError
+from turnwire.providers import ModelRequest, ProviderError
 from turnwire.testing import overflow_error
+from turnwire.types import ToolDefinition
 from turnwire.values import loads, tool_call_output_json, value_view
 from turnwire_client.v1 import message_pb2
 from turnwire_server.engine.compaction import apply_compaction, input_start
@@ -334,3 +336,21 @@ async def test_context_compaction_says_what_to_fix(caplog: pytest.LogCaptureFixt
     with caplog.at_level("WARNING", logger="turnwire.compaction"):
         await ContextCompaction(reactive=True).configure_session(ctx)
     assert caplog.text == ""
+
+
+def test_the_framing_estimate_counts_each_schemas_text_once_per_schema_object() -> None:
+    schema = {"type": "object", "properties": {"order_id": {"type": "string"}}}
+    tool = ToolDefinition("lookup", "Looks an order up.", schema)
+    request = ModelRequest(model="m", system="Be brief.", messages=[], tools=[tool])
+    expected = int((len("Be brief.") + len("lookup") + len("Looks an order up.") + len(str(schema))) / 4.0)
+    assert ESTIMATE.framing(request) == ESTIMATE.framing(request) == expected
+
+    chars = _SchemaChars(entries=2, chars=100)
+    small = [{"n": n} for n in range(3)]
+    assert [chars(s) for s in small] == [len(str(s)) for s in small]
+    assert len(chars._kept) == 2 and id(small[0]) not in chars._kept  # the oldest forgotten
+    small[1]["n"] = 10  # changed in place: the kept length stays (an estimate)
+    assert chars(small[1]) == len("{'n': 1}")
+    big = {"x": "y" * 200}  # above the characters kept: counted, not kept
+    assert chars(big) == len(str(big)) and id(big) not in chars._kept
+    assert chars._total == sum(n for _, n in chars._kept.values()) <= 100

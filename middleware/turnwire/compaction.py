@@ -95,6 +95,39 @@ def message_bytes(message: message_pb2.Message) -> int:
     return size
 
 
+class _SchemaChars:
+    """``len(str(schema))`` kept per schema object: a tool's schema is the same object at every
+    step, and its text costs a few µs a tool and step otherwise. An entry holds its schema, so
+    the id is not reused while it is kept; a schema changed in place keeps its old length (an
+    estimate). At most ``entries`` schemas of ``chars`` characters in all (the schemas held alive
+    are about that size), the oldest forgotten first; a larger one is not kept."""
+
+    def __init__(self, entries: int = 512, chars: int = 1 << 20) -> None:
+        self._kept: dict[int, tuple[object, int]] = {}
+        self._entries, self._chars, self._total = entries, chars, 0
+
+    def __call__(self, schema: object) -> int:
+        kept = self._kept.get(id(schema))
+        if kept is not None and kept[0] is schema:
+            return kept[1]
+        chars = len(str(schema))
+        if chars <= self._chars:
+            self._forget(id(schema))  # a dead schema's id, reused
+            self._kept[id(schema)] = (schema, chars)
+            self._total += chars
+            while len(self._kept) > self._entries or self._total > self._chars:
+                self._forget(next(iter(self._kept)))
+        return chars
+
+    def _forget(self, key: int) -> None:
+        gone = self._kept.pop(key, None)
+        if gone is not None:
+            self._total -= gone[1]
+
+
+_schema_chars = _SchemaChars()
+
+
 @dataclass(frozen=True, slots=True)
 class EstimateTokens:
     """The default counter: ``bytes_per_token`` bytes of text per token plus
@@ -112,7 +145,7 @@ class EstimateTokens:
     def framing(self, request: ModelRequest) -> int:
         """Estimated tokens of ``request``'s system prompt and tool definitions (what it sends
         besides its messages)."""
-        tools = sum(len(t.name) + len(t.description) + len(str(t.input_schema)) for t in request.tools)
+        tools = sum(len(t.name) + len(t.description) + _schema_chars(t.input_schema) for t in request.tools)
         return int((len(request.system) + tools) / self.bytes_per_token)
 
     async def count(self, request: ModelRequest, provider: object) -> int:
