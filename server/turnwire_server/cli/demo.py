@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -69,6 +70,20 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def command_name() -> str:
+    """How to run this program again from where it was started: ``turnwire`` when that name on the
+    ``PATH`` is this program, else the path it was started by (``make demo`` runs
+    ``.venv/bin/turnwire``, which a fresh shell does not find as ``turnwire``); ``turnwire`` when
+    it was not started as ``turnwire`` at all (``python -m turnwire_server``)."""
+    invoked = Path(sys.argv[0])
+    if invoked.name != "turnwire":
+        return "turnwire"
+    found = shutil.which("turnwire")
+    if found is not None and Path(found).resolve() == invoked.resolve():
+        return "turnwire"
+    return sys.argv[0]
 
 
 class SidecarExited(RuntimeError):
@@ -205,7 +220,9 @@ async def run_demo(
                 await wait_for_interrupt()
             elif code == 0 and not overflow:
                 console.print(
-                    "\nsee these turns as timelines in the inspector page: [bold]turnwire demo --inspect[/]"
+                    "\nsee these turns as timelines in the inspector page: "
+                    f"[bold]{command_name()} demo --inspect[/]",
+                    soft_wrap=True,
                 )
         finally:
             if process.returncode is None:
