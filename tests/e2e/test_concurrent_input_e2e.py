@@ -20,7 +20,7 @@ import pytest
 from support.endless import endless_step, is_prefix_of_repeats
 from support.hooks import pythonpath_env
 from support.sidecar import SidecarFactory, SidecarProcess, free_port
-from support.turn_calls import Turn, call_status, chat, error_info, stored, transcript
+from support.turn_calls import Turn, call_status, chat, error_info, has_reply, stored, transcript
 from support.waiting import wait_until
 
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, event_pb2, message_pb2
@@ -112,6 +112,8 @@ async def test_reject_refuses_at_once_and_stores_nothing(server: Server) -> None
     stub = server.stub
     first = chat(stub, "rej", "rej-a", "long")
     await running(first)
+    # Its reply stored by its first checkpoint: the transcript compared below is then its whole.
+    await wait_until(lambda: has_reply(stub, "rej", "tw-a-rej-a"), timeout=10, what="a checkpoint is stored")
     before = await transcript(stub, "rej")
     rejected = chat(stub, "rej", "rej-b", "short", REJECT)
     await asyncio.wait_for(rejected.task, 10)
@@ -203,7 +205,9 @@ async def test_rollback_removes_what_the_running_turn_stored(server: Server, too
     await running(first, tool=tool)
     # Its input and a checkpoint of its partial reply are stored by now.
     await wait_until(
-        lambda: _has(stub, conv, f"tw-a-{conv}-a"), timeout=10, what="a checkpoint of the reply is stored"
+        lambda: has_reply(stub, conv, f"tw-a-{conv}-a"),
+        timeout=10,
+        what="a checkpoint of the reply is stored",
     )
     q1 = chat(stub, conv, f"{conv}-q1", "short")
     await server.wait_queued(1)
@@ -236,10 +240,6 @@ async def test_rollback_removes_what_the_running_turn_stored(server: Server, too
     assert f"before_turn {conv}-r rollback {conv}-a" in lines
 
 
-async def _has(stub: chat_service_pb2_grpc.ChatServiceStub, conversation_id: str, message_id: str) -> bool:
-    return any(m.id == message_id and m.parts for m in await stored(stub, conversation_id))
-
-
 async def test_strategies_on_an_idle_conversation_just_run(server: Server) -> None:
     stub = server.stub
     for index, strategy in enumerate((REJECT, INTERRUPT, ROLLBACK)):
@@ -260,7 +260,7 @@ async def test_strategies_on_an_idle_conversation_just_run(server: Server) -> No
             concurrent_input_strategy=REJECT,
         )
     )
-    await wait_until(lambda: _has(stub, "idle", "tw-a-idle-s"), timeout=10, what="the submission ran")
+    await wait_until(lambda: has_reply(stub, "idle", "tw-a-idle-s"), timeout=10, what="the submission ran")
     after = chat(stub, "idle", "idle-after", "short")
     assert (await after.end()).status == event_pb2.TURN_STATUS_COMPLETED
     assert (await transcript(stub, "idle"))[6:] == [

@@ -14,7 +14,7 @@ import grpc
 import pytest
 from support.sidecar import SidecarFactory, SidecarProcess
 from support.stores import StoreBackend, postgres_database
-from support.turn_calls import call_status, chat, error_info, stored, transcript
+from support.turn_calls import call_status, chat, error_info, has_reply, transcript
 from support.waiting import wait_until
 
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, event_pb2
@@ -61,6 +61,11 @@ async def test_reject_on_one_replica_sees_the_turn_running_on_the_other(
     a, b = stubs
     first = chat(a, "pg-rej", "pg-rej-a", "long")
     await wait_until(first.text_seen, timeout=15, what="text streams on replica A")
+    # A's reply stored by its first checkpoint: the transcript compared below is then A's whole
+    # (CI once read it before that checkpoint and after, with nothing of the rejected request).
+    await wait_until(
+        lambda: has_reply(a, "pg-rej", "tw-a-pg-rej-a"), timeout=10, what="a checkpoint is stored"
+    )
     before = await transcript(a, "pg-rej")
     rejected = chat(b, "pg-rej", "pg-rej-b", "short", REJECT)
     await asyncio.wait_for(rejected.task, 10)
@@ -83,7 +88,7 @@ async def test_interrupt_and_rollback_stop_the_turn_on_the_other_replica(
     before = await transcript(a, conv)
     first = chat(a, conv, f"{conv}-a", "long")
     await wait_until(first.text_seen, timeout=15, what="text streams on replica A")
-    await wait_until(lambda: _has_reply(a, conv, f"tw-a-{conv}-a"), timeout=10, what="a checkpoint is stored")
+    await wait_until(lambda: has_reply(a, conv, f"tw-a-{conv}-a"), timeout=10, what="a checkpoint is stored")
     stopper = chat(b, conv, f"{conv}-b", "short", strategy)
 
     end = await first.end()
@@ -134,9 +139,3 @@ def _tickets(queue: StoreBackend, conversation_id: str) -> int:
     return int(
         queue.sql("SELECT COUNT(*) FROM turn_queue WHERE conversation_id = ?", (conversation_id,))[0][0]
     )
-
-
-async def _has_reply(
-    stub: chat_service_pb2_grpc.ChatServiceStub, conversation_id: str, message_id: str
-) -> bool:
-    return any(m.id == message_id and m.parts for m in await stored(stub, conversation_id))

@@ -98,3 +98,11 @@ async def stored(
         chat_service_pb2.GetConversationRequest(conversation_id=conversation_id)
     )
     return list(response.conversation.messages)
+
+
+async def has_reply(
+    stub: chat_service_pb2_grpc.ChatServiceStub, conversation_id: str, message_id: str
+) -> bool:
+    """True once ``message_id`` is stored with parts (a running turn's first checkpoint of its
+    reply): the transcript's list of messages stops changing under a test that compares it."""
+    return any(m.id == message_id and m.parts for m in await stored(stub, conversation_id))
