@@ -55,6 +55,7 @@ __all__ = [
     "charge_budget",
     "conversation_deleted",
     "kept_limits",
+    "raise_spent",
     "read_spends",
     "refusal_check",
     "spends_from_rows",
@@ -263,7 +264,7 @@ def charge_budget(
     )
     for key in keys:  # a row read missing is at zero (the write creates it)
         spends.setdefault(key, _ZERO)
-    _refused(refuse, spends)
+    raise_spent(refuse, spends)
     writes: list[Statement] = []
     reserved: set[BudgetKey] = set()
     output, refused, tokens, usd = _reserve(ask, budgets, spends)
@@ -375,10 +376,13 @@ def refusal_check(refuse: Sequence[BudgetLimits]) -> Program[None]:
     ``refuse`` is exhausted (:meth:`BudgetLimits.exhausted_by`; docs/cost.md, "Budgets")."""
     sql, params = read_spends([budget.key for budget in refuse])
     (rows,) = yield [Statement(sql, params, fetch=True)]
-    _refused(refuse, spends_from_rows(rows))
+    raise_spent(refuse, spends_from_rows(rows))
 
 
-def _refused(refuse: Sequence[BudgetLimits], spends: Mapping[BudgetKey, BudgetSpend]) -> None:
+def raise_spent(refuse: Sequence[BudgetLimits], spends: Mapping[BudgetKey, BudgetSpend]) -> None:
+    """Raise :class:`BudgetSpent` for the first budget of ``refuse`` exhausted at its state in
+    ``spends`` (one missing is at zero; :meth:`BudgetLimits.exhausted_by`): the admission check's
+    rule, applied by every store path that checks (docs/cost.md, "Budgets")."""
     for budget in refuse:
         spend = spends.get(budget.key, _ZERO)
         if budget.exhausted_by(spend):

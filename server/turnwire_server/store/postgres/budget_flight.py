@@ -130,7 +130,7 @@ def _decide(count: int) -> bytes:
 
 
 _SPENT_SECONDS: Final = 60.0
-"""How long :class:`SpentBudgets` sends a spent budget's turns the waiting way."""
+"""How long :class:`SpentBudgets` has a spent budget's new turns checked by a read first."""
 _SPENT_KEPT: Final = 1024
 """Spent budgets :class:`SpentBudgets` remembers at most (the oldest forgotten first)."""
 

@@ -122,7 +122,7 @@ class PostgresConnection(CoreWrites, CoreReads, CoreSchedules, CoreWebhooks):
         # retried in the background until a later taking that took the ticket removes the pair
         # (TurnQueue._ticket_query); a pair left after its release committed releases nothing.
         self._unreleased: set[tuple[str, str]] = set()
-        # Budgets a one-flight admission found spent: their new turns are admitted the waiting way.
+        # Budgets a one-flight admission found spent: their new turns are checked by a read first.
         self._spent_budgets = SpentBudgets()
         self._group_commit = GroupCommit(self._require_pool, self._now_us, self._error)
         self._listener = Listener(self._listen_connection, on_back=self._check_pool)

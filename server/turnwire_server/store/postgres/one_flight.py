@@ -17,13 +17,13 @@ from typing import Any, Final
 import psycopg
 import psycopg_pool
 
-from turnwire_server.store.core import turn_writes
+from turnwire_server.store.core import budget_writes, turn_writes
 from turnwire_server.store.core.fork_rules import claim_reads
 from turnwire_server.store.core.reads import LOAD_COMPACTION_SQL
 from turnwire_server.store.core.rows import compaction_from_row, to_us
 from turnwire_server.store.core.sql import just
 from turnwire_server.store.core.turn_writes import StartTurn, StartTurnPlan
-from turnwire_server.store.errors import BudgetSpent, StoreError
+from turnwire_server.store.errors import StoreError
 from turnwire_server.store.postgres import budget_flight, db, turn_queue
 from turnwire_server.store.postgres.connection import SINGLE_COMMITS, PostgresConnection
 from turnwire_server.store.postgres.db import DIALECT, Conn, run_program
@@ -31,7 +31,6 @@ from turnwire_server.store.records import (
     BudgetCharge,
     BudgetGrant,
     BudgetLimits,
-    BudgetSpend,
     TurnAdmission,
     TurnRecord,
 )
@@ -55,7 +54,6 @@ _END_FLIGHT_SESSION: Final = (
     b" WHERE pid = %s AND datname = current_database() AND pid <> pg_backend_pid()"
     b" AND backend_start < now() - make_interval(secs => %s)"
 )
-_NOTHING_SPENT: Final = BudgetSpend()
 _END_SESSION_SECONDS: Final = 5.0
 """How long :meth:`OneFlight._end_session` waits for a cut-off flight's session to end."""
 _SUBMISSION_NOT_PENDING: Final = (
@@ -149,11 +147,7 @@ class OneFlight(PostgresConnection):
         return. The refusal a flight failed on is said here, before anything waits in line, as
         when the flight's own check raised it: the call is refused before the engine's ``start``
         returns (docs/cost.md, "When a budget is exhausted")."""
-        spends = await self.budget_spends([limits.key for limits in refuse])
-        for limits in refuse:
-            spend = spends.get(limits.key, _NOTHING_SPENT)
-            if limits.exhausted_by(spend):
-                raise BudgetSpent(limits, spend)
+        budget_writes.raise_spent(refuse, await self.budget_spends([limits.key for limits in refuse]))
         self._spent_budgets.forget(refuse)
 
     async def _own_start(
