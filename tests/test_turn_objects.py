@@ -19,7 +19,7 @@ from support.engine_harness import EngineFactory, Harness, collect, echo, end_of
 from support.waiting import wait_until
 
 from turnwire.hooks import ChatResponseContext, ChunkContext, Middleware, StepContext, StepFinishContext
-from turnwire.testing import ScriptedToolCall, ScriptStep
+from turnwire.testing import ScriptedError, ScriptedToolCall, ScriptStep
 from turnwire_client.v1 import event_pb2
 
 
@@ -115,3 +115,15 @@ async def test_a_cancelled_turn_is_freed_without_the_collector(
 ) -> None:
     h = await make_engine(scripts={"main": [ScriptStep(text="a b c d e f", delay_ms=50)]}, strict=False)
     await _ended_turn_is_freed(h, "hi", status=event_pb2.TURN_STATUS_ABORTED, cancel=True)
+
+
+async def test_a_failed_turn_is_freed_without_the_collector(
+    make_engine: EngineFactory, collector_off: None
+) -> None:
+    # The turn keeps its error (on_chat_error, the stored status); the error's traceback must not
+    # keep the frames that hold the run.
+    h = await make_engine(
+        scripts={"main": [ScriptStep(error=ScriptedError(message="upstream exploded", status=500))]},
+        strict=False,
+    )
+    await _ended_turn_is_freed(h, "hi", status=event_pb2.TURN_STATUS_ERROR)

@@ -35,6 +35,7 @@ from turnwire_server.engine.errors import (
     ShuttingDown,
     StoppedByInput,
     TurnInProgress,
+    drop_tracebacks,
 )
 from turnwire_server.engine.events import EventWriter
 from turnwire_server.engine.request import TurnRequest
@@ -297,6 +298,8 @@ class TurnEngine:
                     tracing.end_turn(
                         span, outcome=run.outcome, usage=state.usage, error=run.error, cost=state.cost.total()
                     )
+                # Logged and recorded: the kept error's frames would hold the run (a cycle).
+                drop_tracebacks(run.error)
             finally:
                 if not acquired:
                     self._dequeue(conversation_id)

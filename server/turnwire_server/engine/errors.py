@@ -29,6 +29,27 @@ class TurnFailure(Exception):
         self.__cause__ = error
 
 
+def drop_tracebacks(error: BaseException | None) -> None:
+    """Clear the tracebacks of ``error`` and of every error it leads to (``__cause__``,
+    ``__context__``, :class:`TurnFailure`'s ``error``, an exception group's members). For an error
+    kept after it was logged and recorded: its frames hold whatever raised it (a turn's run, which
+    keeps the error), a cycle only the collector would free (docs/architecture.md, "A turn's
+    objects")."""
+    seen: set[int] = set()
+    pending = [error]
+    while pending:
+        each = pending.pop()
+        if each is None or id(each) in seen:
+            continue
+        seen.add(id(each))
+        each.__traceback__ = None
+        pending.extend((each.__cause__, each.__context__))
+        if isinstance(each, TurnFailure):
+            pending.append(each.error)
+        if isinstance(each, BaseExceptionGroup):
+            pending.extend(each.exceptions)
+
+
 class AdmissionRefused(DomainError):
     """A turn was not admitted; nothing was stored. Subclasses say why (and their reason)."""
 
