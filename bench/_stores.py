@@ -8,11 +8,12 @@ import statistics
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import psycopg
+from _common import cpu_seconds_of
 from support.stores import postgres_database
 
 from turnwire_server.store.postgres import PostgresStore
@@ -53,11 +54,7 @@ def backend_cpu_s(url: str) -> float:
                 " AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
             )
         ]
-    total = 0
-    for pid in pids:
-        with suppress(OSError, IndexError):
-            total += int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
-    return total / 1e9
+    return sum(cpu_seconds_of(pid) for pid in pids)
 
 
 async def timed_block(

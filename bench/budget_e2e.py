@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import ServerProcess
+from _common import ServerProcess, thread_cpu_ns
 from _ttft_clients import SidecarClient, Upstream, new_conversation_id, upstream_sidecar
 
 ALLOWANCE_US = 300.0
@@ -60,16 +60,8 @@ def _cpu(server: ServerProcess) -> tuple[float, float]:
     differences measured here. The threads live as long as the process (the store's,
     gRPC's), so none ends within a block."""
     assert server.ps is not None
-    total = loop = 0
-    for task in Path(f"/proc/{server.ps.pid}/task").iterdir():
-        try:
-            ran = int((task / "schedstat").read_text().split()[0])
-        except (FileNotFoundError, ProcessLookupError):
-            continue  # a thread ending as it was read: its time is lost either way
-        total += ran
-        if task.name == str(server.ps.pid):
-            loop = ran
-    return total / 1e9, loop / 1e9
+    threads = thread_cpu_ns(server.ps.pid)
+    return sum(threads.values()) / 1e9, threads.get(server.ps.pid, 0) / 1e9
 
 
 async def _block(

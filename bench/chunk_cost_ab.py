@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import functools
 import os
 import statistics
@@ -28,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import ServerProcess, Table, print_tables
+from _common import ServerProcess, Table, cpu_seconds_of, print_tables
 from _ttft_budget import _arm, _rate
 from _ttft_clients import SidecarClient, Upstream, new_conversation_id, sidecar
 
@@ -36,17 +35,6 @@ SHORT = 4
 STREAMS = 16
 RATE_DELTAS = 64
 BUILDS = ("A", "B")
-
-
-def _run_seconds(pid: int) -> float:
-    """CPU time (s) of every live thread of process ``pid``, to the nanosecond
-    (``/proc/<pid>/task/*/schedstat``); ``/proc/<pid>/stat`` counts whole 10 ms ticks, too coarse
-    for arms of a few hundred milliseconds."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-            total += int((task / "schedstat").read_text().split()[0])
-    return total / 1e9
 
 
 async def _start(workdir: Path, upstream: str, name: str, pythonpath: str | None) -> ServerProcess:
@@ -82,7 +70,7 @@ async def _measure(
 ) -> None:
     """One build's figures for one API in one round, added to ``rows``."""
     assert server.popen is not None
-    cpu = functools.partial(_run_seconds, server.popen.pid)
+    cpu = functools.partial(cpu_seconds_of, server.popen.pid)
 
     async def turn(model: str) -> tuple[float, int]:
         return await client.turn(new_conversation_id(), f"{api}:{model}")

@@ -27,10 +27,10 @@ from _common import (
     ServerProcess,
     Table,
     chat_request,
+    cpu_seconds_of,
     own_cpu_seconds,
     print_tables,
 )
-from chunk_cost_ab import _run_seconds
 
 from turnwire_client.metadata import EVENT_BATCHES_METADATA
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc
@@ -72,13 +72,13 @@ async def run(deltas: int, replays: int, block: int) -> Table:
                 for round_index in range(replays // block):
                     order = list(ARMS) if round_index % 2 == 0 else list(reversed(ARMS))
                     for arm in order:
-                        server_before, client_before = _run_seconds(pid), own_cpu_seconds()
+                        server_before, client_before = cpu_seconds_of(pid), own_cpu_seconds()
                         start = time.perf_counter()
                         for _ in range(block):
                             messages, events = await _replay(stub, request_id, ARMS[arm])
                         figures = per[arm]
                         figures["wall"].append((time.perf_counter() - start) / block)
-                        figures["server"].append((_run_seconds(pid) - server_before) / block)
+                        figures["server"].append((cpu_seconds_of(pid) - server_before) / block)
                         figures["client"].append((own_cpu_seconds() - client_before) / block)
                         figures["messages"].append(messages)
                         figures["events"].append(events)

@@ -29,19 +29,9 @@ import sys  # noqa: E402
 
 sys.path.insert(0, str(BENCH))
 
+from _common import thread_cpu_ns  # noqa: E402
 from _ttft_clients import SidecarClient, Upstream, sidecar  # noqa: E402
 from _ttft_clients import new_conversation_id as _new_id  # noqa: E402
-
-
-def _thread_ns(pid: int) -> dict[int, int]:
-    """CPU ns of each of ``pid``'s threads."""
-    found: dict[int, int] = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            found[int(task.name)] = int((task / "schedstat").read_text().split()[0])
-        except (FileNotFoundError, ProcessLookupError):
-            continue  # a thread that ended meanwhile
-    return found
 
 
 def _roles(tids: Path, pid: int) -> dict[int, str]:
@@ -80,11 +70,11 @@ async def _pass(args: argparse.Namespace, upstream: Upstream, traced: bool) -> d
             await _load(client, model, 4 * args.streams, args.streams)  # warm-up
             assert server.popen is not None
             pid = server.popen.pid
-            before_ns, before = _thread_ns(pid), json.loads(out.read_text()) if traced else {}
+            before_ns, before = thread_cpu_ns(pid), json.loads(out.read_text()) if traced else {}
             await _load(client, model, args.turns, args.streams)
             await asyncio.sleep(0.3)  # the ledger's next dump is due
             await client.turn(_new_id(), model)  # one more COMMIT: the dump (one turn in ~800)
-            after_ns, after = _thread_ns(pid), json.loads(out.read_text()) if traced else {}
+            after_ns, after = thread_cpu_ns(pid), json.loads(out.read_text()) if traced else {}
             roles = _roles(Path(str(out) + ".tids"), pid)
         finally:
             await client.close()
