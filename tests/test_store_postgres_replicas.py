@@ -19,6 +19,7 @@ from support.waiting import wait_until
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store import TurnRecord
 from turnwire_server.store.core.rows import to_us
+from turnwire_server.store.errors import TurnAlreadyExists
 from turnwire_server.store.postgres import PostgresStore
 from turnwire_server.store.records import StreamRecord, SubmissionRecord
 
@@ -140,5 +141,81 @@ async def test_a_waiter_whose_ticket_lapsed_queues_again_instead_of_waiting_for_
         await asyncio.wait_for(waiter, 10)
         assert held.is_set()
         assert backend.sql("SELECT count(*) FROM turn_queue") == [(0,)], "B's new ticket released"
+    finally:
+        await backend.close()
+
+
+async def test_a_paused_waiter_whose_ticket_was_taken_over_is_refused_at_its_start(
+    replicas: tuple[PostgresStore, PostgresStore], pg_url: str
+) -> None:
+    """B accepted submission s1 and waits in line for it behind A's turn; B is paused past its
+    lease and C claims s1, whose ticket becomes C's and keeps its place (``take_over_tickets``).
+    When A is done, the waiters compare the head with their ticket's number, not its owner, so
+    both B's and C's turn locks get it: a ticket is re-owned only with its own request id, so
+    both hold it for s1, and the store's start of s1's turn lets one run it. C starts it; B's start
+    is refused (the turn's row exists), nothing of B's is stored, and B's release leaves C's
+    ticket to C (docs/semantics.md §5, "Leases")."""
+    abc, b = replicas  # A and C are two owners on one store: the store keeps no owner of its own
+    backend = StoreBackend("postgres", url=pg_url)
+    now = dt.datetime.now(dt.UTC)
+    b_looked, c_started, b_done = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    outcome: dict[str, object] = {}
+    head = b._head
+
+    async def b_head(conversation_id: str, lease_us: int) -> int | None:
+        found = await head(conversation_id, lease_us)
+        b_looked.set()
+        return found
+
+    b._head = b_head  # type: ignore[method-assign]
+
+    async def b_runs() -> None:
+        try:
+            async with b.turn_lock("conv-q", request_id="s1", owner="replica-b", lease_seconds=30.0):
+                await c_started.wait()
+                await b.start_turn(leased_turn("s1", "conv-q", "replica-b", start_time=now), [_user("u-b")])
+        except Exception as error:  # its start refused (or, were owners compared, its lock)
+            outcome["b"] = error
+        finally:
+            b_done.set()
+
+    async def c_runs() -> None:
+        async with abc.turn_lock("conv-q", request_id="s1", owner="replica-c", lease_seconds=30.0):
+            await abc.start_turn(leased_turn("s1", "conv-q", "replica-c", start_time=now), [_user("u-c")])
+            c_started.set()
+            await b_done.wait()  # B is done meanwhile
+            outcome["tickets under C"] = backend.sql("SELECT owner FROM turn_queue")
+
+    try:
+        async with abc.turn_lock("conv-q", request_id="r-a", owner="replica-a", lease_seconds=30.0):
+            submission = SubmissionRecord(
+                submission_id="s1",
+                conversation_id="conv-q",
+                idempotency_key="",
+                state="pending",
+                request=b"request",
+                create_time=now,
+                owner="replica-b",
+                lease_until=now + dt.timedelta(seconds=30),
+            )
+            await b.create_submission(submission, max_open=10)
+            waiting_b = asyncio.ensure_future(b_runs())
+            await asyncio.wait_for(b_looked.wait(), 10)  # B holds its ticket number and waits
+            lapsed = now + dt.timedelta(seconds=31)
+            claimed = await abc.claim_pending_submissions(
+                "replica-c", lapsed, lapsed + dt.timedelta(seconds=30), 10
+            )
+            assert [s.submission_id for s in claimed] == ["s1"]
+            assert backend.sql("SELECT request_id, owner FROM turn_queue ORDER BY ticket") == [
+                ("r-a", "replica-a"),
+                ("s1", "replica-c"),
+            ]
+            waiting_c = asyncio.ensure_future(c_runs())
+        await asyncio.wait_for(asyncio.gather(waiting_b, waiting_c), 20)
+        assert isinstance(outcome.get("b"), TurnAlreadyExists), outcome  # B's lock held its number
+        assert outcome["tickets under C"] == [("replica-c",)], "B's release left C's ticket alone"
+        assert backend.sql("SELECT count(*) FROM turn_queue") == [(0,)]
+        stored = await abc.load_messages("conv-q")
+        assert [m.id for m in stored] == ["u-c"], "nothing of B's start stored"
     finally:
         await backend.close()

@@ -159,7 +159,10 @@ class TurnQueue(OneFlight):
         is taken again for ``request_id`` (at the back of the line, or right behind the head for a
         ``first`` one, :meth:`_retake`): the call still holds nothing and stored nothing, so it
         waits on instead of waiting for a number that never comes up again (chaos probe: a call
-        stalled until its deadline)."""
+        stalled until its deadline). A ticket taken over meanwhile (a claimed submission's, which
+        keeps its number under the claimant) is compared by number, so both hold it; it is
+        re-owned only with its own request, and the store's start of that request's turn lets one
+        of them run it (``tests/test_store_postgres_replicas.py``)."""
         lease_us = int(lease_seconds * 1_000_000)
         try:
             while head != ticket:
