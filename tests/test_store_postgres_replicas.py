@@ -57,6 +57,22 @@ def _turn(request_id: str, conversation_id: str, owner: str) -> TurnRecord:
     return leased_turn(request_id, conversation_id, owner, start_time=T0)
 
 
+def _pending(
+    submission_id: str, conversation_id: str, owner: str, created: dt.datetime, lease_until: dt.datetime
+) -> SubmissionRecord:
+    """A submission ``owner`` accepted and holds the lease of until ``lease_until``."""
+    return SubmissionRecord(
+        submission_id=submission_id,
+        conversation_id=conversation_id,
+        idempotency_key="",
+        state="pending",
+        request=b"request",
+        create_time=created,
+        owner=owner,
+        lease_until=lease_until,
+    )
+
+
 async def test_claimed_turns_and_submissions_keep_their_queue_tickets_under_the_claimant(
     replicas: tuple[PostgresStore, PostgresStore], pg_url: str
 ) -> None:
@@ -64,17 +80,7 @@ async def test_claimed_turns_and_submissions_keep_their_queue_tickets_under_the_
     # The dead replica held c1's turn lock for r1 (a ticket it never released) and had accepted s1.
     await dead.reserve_place("c1", "r1", owner="dead", lease_seconds=30)
     await dead.start_turn(_turn("r1", "c1", "dead"), [_user("u1")])
-    submission = SubmissionRecord(
-        submission_id="s1",
-        conversation_id="c2",
-        idempotency_key="",
-        state="pending",
-        request=b"request",
-        create_time=T0,
-        owner="dead",
-        lease_until=LEASE,
-    )
-    await dead.create_submission(submission, max_open=10)
+    await dead.create_submission(_pending("s1", "c2", "dead", T0, LEASE), max_open=10)
     later = LEASE + dt.timedelta(seconds=1)
     until = later + dt.timedelta(seconds=30)
 
@@ -188,17 +194,8 @@ async def test_a_paused_waiter_whose_ticket_was_taken_over_is_refused_at_its_sta
 
     try:
         async with abc.turn_lock("conv-q", request_id="r-a", owner="replica-a", lease_seconds=30.0):
-            submission = SubmissionRecord(
-                submission_id="s1",
-                conversation_id="conv-q",
-                idempotency_key="",
-                state="pending",
-                request=b"request",
-                create_time=now,
-                owner="replica-b",
-                lease_until=now + dt.timedelta(seconds=30),
-            )
-            await b.create_submission(submission, max_open=10)
+            accepted = _pending("s1", "conv-q", "replica-b", now, now + dt.timedelta(seconds=30))
+            await b.create_submission(accepted, max_open=10)
             waiting_b = asyncio.ensure_future(b_runs())
             await asyncio.wait_for(b_looked.wait(), 10)  # B holds its ticket number and waits
             lapsed = now + dt.timedelta(seconds=31)
