@@ -30,8 +30,8 @@ class TurnFailure(Exception):
 
 
 def drop_tracebacks(error: BaseException | None) -> None:
-    """Clear the tracebacks of ``error`` and of every error it leads to (``__cause__``,
-    ``__context__``, :class:`TurnFailure`'s ``error``, an exception group's members). For an error
+    """Clear the tracebacks of ``error`` and of every error it leads to (``__cause__``, which
+    is :class:`TurnFailure`'s ``error``; ``__context__``; an exception group's members). For an error
     kept after it was logged and recorded: its frames hold whatever raised it (a turn's run, which
     keeps the error), a cycle only the collector would free (docs/architecture.md, "A turn's
     objects")."""
@@ -44,8 +44,6 @@ def drop_tracebacks(error: BaseException | None) -> None:
         seen.add(id(each))
         each.__traceback__ = None
         pending.extend((each.__cause__, each.__context__))
-        if isinstance(each, TurnFailure):
-            pending.append(each.error)
         if isinstance(each, BaseExceptionGroup):
             pending.extend(each.exceptions)
 

@@ -206,8 +206,8 @@ class TurnQueue(OneFlight):
         waiting path :meth:`start_turn`'s; on the idle path the flight's, decided by the database
         (:mod:`.budget_flight`: the flight still waits once). ``refuse`` is checked on the
         charge's rows (no statement of its own then), or on a read of its own; a spent budget
-        fails the flight and the turn takes the waiting path, whose check raises
-        :class:`~turnwire_server.store.errors.BudgetSpent` (nothing stored either way)."""
+        fails the flight, and a read of the budgets then raises
+        :class:`~turnwire_server.store.errors.BudgetSpent` (nothing stored; ``OneFlight``)."""
         start = prepare_start_turn(turn, messages)
         return self._admit(
             turn,

@@ -27,13 +27,7 @@ from turnwire_server.store.errors import StoreError
 from turnwire_server.store.postgres import budget_flight, db, turn_queue
 from turnwire_server.store.postgres.connection import SINGLE_COMMITS, PostgresConnection
 from turnwire_server.store.postgres.db import DIALECT, Conn, run_program
-from turnwire_server.store.records import (
-    BudgetCharge,
-    BudgetGrant,
-    BudgetLimits,
-    TurnAdmission,
-    TurnRecord,
-)
+from turnwire_server.store.records import BudgetCharge, BudgetGrant, BudgetLimits, TurnAdmission, TurnRecord
 
 __all__ = ["OneFlight"]
 
