@@ -5,6 +5,7 @@ docs/semantics.md §12 (deleting, retention)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 import sqlite3
@@ -231,3 +232,40 @@ async def test_the_loop_sweeps_until_stopped(make_engine: EngineFactory) -> None
     await maintenance.stop()
     await maintenance.stop()  # idempotent
     assert maintenance._task is None
+
+
+async def test_the_loop_stops_when_a_sweep_swallowed_its_cancel(make_engine: EngineFactory) -> None:
+    # A worker's maintenance loop went on after its stop (CI: the worker outlived its supervisor):
+    # a store call's wait (psycopg_pool's, Python 3.11's asyncio.wait_for) returned its result when
+    # the cancel landed as it ended, and stop waited for the loop for good.
+    h = await make_engine()
+    in_sweep = asyncio.Event()
+    swallowed: list[bool] = []
+
+    async def store_call(at: dt.datetime) -> int:
+        in_sweep.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            if swallowed:
+                raise
+            swallowed.append(True)  # as wait_for did: the awaited result, the cancel gone
+        return 0
+
+    maintenance = Maintenance(
+        h.engine,
+        interval_seconds=0.01,
+        conversation_retention_seconds=0,
+        event_retention_seconds=0,
+        hooks={"store_call": store_call},
+    )
+    maintenance.start()
+    loop = maintenance._task
+    assert loop is not None
+    await asyncio.wait_for(in_sweep.wait(), 10)
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(10) as limit:  # a stop that waits for good is cut short here
+            await maintenance.stop()
+    assert not limit.expired(), "the stop waited for a loop that went on"
+    assert swallowed == [True]
+    assert loop.done()

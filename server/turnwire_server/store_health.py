@@ -12,7 +12,6 @@ flag (SQLite) is never watched.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
 from typing import Final
@@ -20,6 +19,7 @@ from typing import Final
 from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
+from turnwire_server.event_waits import cancelled
 from turnwire_server.store import ReachableStore, Store
 
 __all__ = ["POLL_SECONDS", "StoreHealth"]
@@ -53,9 +53,7 @@ class StoreHealth:
         """Stop watching; the health status stays as last set. Idempotent."""
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancelled(task)
 
     async def _watch(self, store: ReachableStore) -> None:
         serving = True

@@ -20,7 +20,6 @@ sweep removed is logged at info when nonzero; a part that fails is logged and th
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import functools
 import logging
@@ -29,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from turnwire_server.engine.deletion import delete_conversation
 from turnwire_server.engine.engine import TurnEngine
 from turnwire_server.engine.subagents import is_child
+from turnwire_server.event_waits import cancelled
 
 log = logging.getLogger("turnwire.maintenance")
 
@@ -93,9 +93,7 @@ class Maintenance:
         which is its own transaction. Idempotent."""
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancelled(task)
 
     async def _run(self) -> None:
         while True:

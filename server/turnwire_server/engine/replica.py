@@ -25,7 +25,6 @@ lease once they reach the store again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import functools
 import logging
@@ -33,6 +32,7 @@ import time
 
 from turnwire_server.engine.engine import TurnEngine
 from turnwire_server.engine.submissions import Submissions
+from turnwire_server.event_waits import cancelled
 
 log = logging.getLogger("turnwire.leases")
 
@@ -79,8 +79,7 @@ class Replica:
         for task in tasks:
             task.cancel()
         for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancelled(task)
 
     async def tick(self) -> int:
         """One renewal, then the claims of lapsed turns and pending submissions; returns how many

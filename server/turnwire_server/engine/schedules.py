@@ -18,7 +18,6 @@ The loop is the only cost of schedules at rest: one indexed read per poll and re
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import logging
 from collections.abc import Awaitable, Callable
@@ -27,7 +26,7 @@ from typing import Literal
 
 from turnwire_server.engine.ids import RESERVED_PREFIX
 from turnwire_server.engine.schedule_times import ScheduleTiming
-from turnwire_server.event_waits import set_within
+from turnwire_server.event_waits import cancelled, set_within
 from turnwire_server.store.records import SubmissionRecord
 from turnwire_server.store.schedules import ScheduleFire, ScheduleRecord, ScheduleStore
 
@@ -146,9 +145,7 @@ class Scheduler:
         """Stop the loop (a poll under way is cancelled: its transaction does not commit, so its
         fires are made by the next poll of whichever replica)."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancelled(self._task)
             self._task = None
 
     def _plan(self, schedule: ScheduleRecord, previous_open: bool, now: dt.datetime) -> ScheduleFire:

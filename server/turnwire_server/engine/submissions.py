@@ -36,6 +36,7 @@ from turnwire_server.engine.errors import (
 from turnwire_server.engine.request import TurnRequest
 from turnwire_server.engine.turn_base import ErrorStatus
 from turnwire_server.engine.turn_handle import TurnHandle
+from turnwire_server.event_waits import cancelled
 from turnwire_server.store.records import SubmissionRecord, SubmissionState
 from turnwire_server.store.submissions import SubmissionStore
 
@@ -333,9 +334,7 @@ class Submissions:
                 except Exception as error:
                     log.error("claiming pending submissions failed: %s", error)
         finally:
-            follow.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await follow
+            await cancelled(follow)
 
     async def _follow_offers(self) -> None:
         async for _ in self._store.submission_offers():

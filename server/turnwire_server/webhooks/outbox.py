@@ -22,6 +22,7 @@ import time
 
 from standardwebhooks import Webhook
 
+from turnwire_server.event_waits import cancelled
 from turnwire_server.store.webhooks import AttemptResult, WebhookDeliveryRecord, WebhookStore
 from turnwire_server.webhooks.settings import WebhookSettings
 from turnwire_server.webhooks.signing import Signers, signed_headers, webhook_body
@@ -75,9 +76,7 @@ class WebhookOutbox:
         """Stop polling and cut open calls short: their leases lapse and another replica (or this
         one after its restart) makes those attempts again."""
         if self._loop_task is not None:
-            self._loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop_task
+            await cancelled(self._loop_task)
         for call in list(self._calls):
             call.cancel()
         if self._calls:

@@ -52,6 +52,8 @@ from typing import Any
 
 import psycopg
 
+from turnwire_server.event_waits import cancelled
+
 log = logging.getLogger("turnwire_server.store.postgres")
 
 QUEUE_CHANNEL = "turnwire_queue"
@@ -122,9 +124,7 @@ class Listener:
         self._stopping = True
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancelled(task)
 
     @contextlib.contextmanager
     def waiting(self, channel: str, key: str) -> Any:
