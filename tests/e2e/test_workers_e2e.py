@@ -12,6 +12,7 @@ that says what to fix.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -227,10 +228,17 @@ async def test_a_killed_worker_is_restarted_and_its_turn_recovered(
     # The supervisor itself dies: its workers see their stdin close and stop on their own.
     workers = list(replicas_by_pid(sidecar))
     sidecar.kill()
-    for pid in workers:
-        await wait_until(
-            functools.partial(gone, pid), 90, what=f"worker pid {pid} to stop without its supervisor"
-        )
+    try:
+        for pid in workers:
+            await wait_until(
+                functools.partial(gone, pid), 90, what=f"worker pid {pid} to stop without its supervisor"
+            )
+    finally:
+        for pid in workers:  # one that did not stop would outlive the test run (its own session)
+            with contextlib.suppress(psutil.Error):
+                process = psutil.Process(pid)
+                if "turnwire_server.worker" in process.cmdline():  # not a pid reused since
+                    process.kill()
 
 
 async def test_a_port_in_use_stops_the_supervisor_before_any_worker(tmp_path: Path) -> None:
