@@ -12,13 +12,13 @@ import sqlite3
 
 import pytest
 from google.rpc import error_details_pb2
-from support.engine_harness import CONV, EngineFactory, collect, detail, end_of
+from support.engine_harness import CONV, EngineFactory, Harness, collect, detail, end_of
 from support.waiting import wait_until
 
 from turnwire.testing import ScriptStep
 from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.engine.deletion import delete_conversation
-from turnwire_server.engine.maintenance import Maintenance
+from turnwire_server.engine.maintenance import Maintenance, SweepHook
 from turnwire_server.store.core.rows import to_us
 from turnwire_server.store.sqlite import SqliteStore
 
@@ -212,6 +212,17 @@ async def test_sweep_expires_events_and_runs_hooks_even_when_one_fails(
         assert conn.execute("SELECT COUNT(*) FROM turn_events").fetchone() == (0,)
 
 
+def _sweeping_loop(h: Harness, hooks: dict[str, SweepHook]) -> Maintenance:
+    """A maintenance loop that sweeps every 10 ms with ``hooks`` alone."""
+    return Maintenance(
+        h.engine,
+        interval_seconds=0.01,
+        conversation_retention_seconds=0,
+        event_retention_seconds=0,
+        hooks=hooks,
+    )
+
+
 async def test_the_loop_sweeps_until_stopped(make_engine: EngineFactory) -> None:
     h = await make_engine()
     sweeps: list[dt.datetime] = []
@@ -220,13 +231,7 @@ async def test_the_loop_sweeps_until_stopped(make_engine: EngineFactory) -> None
         sweeps.append(at)
         return 0
 
-    maintenance = Maintenance(
-        h.engine,
-        interval_seconds=0.01,
-        conversation_retention_seconds=0,
-        event_retention_seconds=0,
-        hooks={"count": count},
-    )
+    maintenance = _sweeping_loop(h, {"count": count})
     maintenance.start()
     await wait_until(lambda: len(sweeps) >= 3, what="three sweeps")
     await maintenance.stop()
@@ -252,13 +257,7 @@ async def test_the_loop_stops_when_a_sweep_swallowed_its_cancel(make_engine: Eng
             swallowed.append(True)  # as wait_for did: the awaited result, the cancel gone
         return 0
 
-    maintenance = Maintenance(
-        h.engine,
-        interval_seconds=0.01,
-        conversation_retention_seconds=0,
-        event_retention_seconds=0,
-        hooks={"store_call": store_call},
-    )
+    maintenance = _sweeping_loop(h, {"store_call": store_call})
     maintenance.start()
     loop = maintenance._task
     assert loop is not None
