@@ -162,8 +162,13 @@ def _charges_of(checkout: Path) -> Any:
     if hasattr(flight, "budget_writes"):  # before the database decided the first reservation
         setattr(flight, "budget_writes", writes)  # noqa: B010 (not an exported name)
     if (decided := server / "postgres" / "budget_flight.py").exists():
-        budget_flight = _load(f"turnwire_server.store.postgres.budget_flight{tag}", decided)
-        setattr(budget_flight, "admitted_grant", writes.admitted_grant)  # noqa: B010
+        # Loaded with its checkout's writes standing in (before stop 64 it imported their
+        # admitted_grant), then the imported ones put back.
+        sys.modules[names[1]] = writes
+        try:
+            budget_flight = _load(f"turnwire_server.store.postgres.budget_flight{tag}", decided)
+        finally:
+            sys.modules.update(saved)
         setattr(flight, "budget_flight", budget_flight)  # noqa: B010
     return SimpleNamespace(
         charge_budget=writes.charge_budget,

@@ -8,7 +8,7 @@ the writes fold into one). The first reads the turn's fencing token (its row loc
 rides a turn write that read and locked the token already (``fenced``); and takes the budget
 rows: the charged ones and those of the turn's reservations. (A new turn in PostgreSQL's
 one-flight admission has the database decide instead: :mod:`turnwire_server.store.postgres.
-budget_flight`, whose grant :func:`admitted_grant` works out again.) On PostgreSQL they are
+budget_flight`, the rule in SQL, tested for agreement.) On PostgreSQL they are
 taken in key order, created at zero when missing and locked by one upsert that returns them
 (``INSERT … ON CONFLICT DO UPDATE … RETURNING``: the update locks the row, an existing one or one a racing
 charge just created, and returns its latest committed state), so charges racing from several
@@ -51,7 +51,6 @@ from turnwire_server.store.records import (
 
 __all__ = [
     "admission_budget",
-    "admitted_grant",
     "charge_budget",
     "conversation_deleted",
     "kept_limits",
@@ -306,21 +305,6 @@ def charge_budget(
             )
         )
     yield folded(writes, dialect)
-    return BudgetGrant(output, tokens, usd, refused, spends, budgets)
-
-
-def admitted_grant(charge: BudgetCharge, taken: Sequence[Sequence[Any]]) -> BudgetGrant:
-    """The grant of a new turn's first reservation that the database decided and wrote
-    (:mod:`turnwire_server.store.postgres.budget_flight`, which applies :func:`fit_output` in SQL,
-    tested for agreement): worked out again here from ``taken``, the charged budgets' rows as the
-    flight took them (key, spends, stored limits; the turn is new: no reservation to settle).
-    ``charge.ask`` must be given."""
-    ask = charge.ask
-    assert ask is not None, "a first reservation asks"
-    rows = {BudgetKey(*row[:3]): row[3:] for row in taken}
-    budgets = tuple(kept_limits(budget, *rows.get(budget.key, _ZERO_ROW)[4:6]) for budget in charge.budgets)
-    spends = {k: _spend(row) for k, row in rows.items()}
-    output, refused, tokens, usd = _reserve(ask, budgets, spends)
     return BudgetGrant(output, tokens, usd, refused, spends, budgets)
 
 

@@ -12,15 +12,15 @@ applies as well (:data:`_DECIDE`, tested for agreement with it). Two statements 
 flight's others, before its ``COMMIT``:
 
 - :data:`_TAKE`: the charged budgets' rows, created at zero when missing and locked in key order
-  by one upsert (as every charge takes them), returned; a budget that refuses new turns and is
-  exhausted (:meth:`~turnwire_server.store.records.BudgetLimits.exhausted_by`) fails the
-  statement, so the flight stores nothing (a budget that refuses but is not charged: a read of
-  its own, :data:`_CHECK`);
+  by one upsert (as every charge takes them); a budget that refuses new turns and is exhausted
+  (:meth:`~turnwire_server.store.records.BudgetLimits.exhausted_by`) fails the statement, so the
+  flight stores nothing (a budget that refuses but is not charged: a read of its own,
+  :data:`_CHECK`);
 - :data:`_DECIDE`: the output that fits every budget, the turn's reservations and the rows'
-  reserved amounts and limits written, in one statement.
+  reserved amounts and limits written, in one statement that returns what it decided.
 
-The grant is worked out again from the taken rows once the ``COMMIT`` is in
-(:func:`~turnwire_server.store.core.budget_writes.admitted_grant`). A flight failed by a spent
+The grant is read from :data:`_DECIDE`'s rows once the ``COMMIT`` is in (:func:`_grant`): the
+rule is applied once, by the database. A flight failed by a spent
 budget is followed by a read of the budgets, which names the one spent (the admission raises
 ``BudgetSpent``, as the check riding a transaction does); :class:`SpentBudgets` remembers such
 budgets for a while, so the turns that follow are refused by that read alone, without a flight
@@ -36,9 +36,9 @@ from typing import Any, Final
 
 import psycopg
 
-from turnwire_server.store.core.budget_writes import admitted_grant
+from turnwire_server.store.core.budget_writes import kept_limits
 from turnwire_server.store.postgres.db import Conn
-from turnwire_server.store.records import BudgetCharge, BudgetGrant, BudgetKey, BudgetLimits
+from turnwire_server.store.records import BudgetCharge, BudgetGrant, BudgetKey, BudgetLimits, BudgetSpend
 
 __all__ = ["SpentBudgets", "send_admission_budget"]
 
@@ -63,11 +63,8 @@ _TAKE: Final = (
     "INSERT INTO budget_spend (scope, scope_key, period, conversation_id)"
     " SELECT scope, scope_key, period, conversation_id FROM k ORDER BY scope, scope_key, period"
     " ON CONFLICT (scope, scope_key, period) DO UPDATE SET limit_tokens = budget_spend.limit_tokens"
-    " RETURNING scope, scope_key, period, spent_tokens, spent_usd, reserved_tokens, reserved_usd,"
-    " limit_tokens, limit_usd)"
-    " SELECT s.scope, s.scope_key, s.period, s.spent_tokens, s.spent_usd, s.reserved_tokens,"
-    f" s.reserved_usd, s.limit_tokens, s.limit_usd, {_EXHAUSTED}"
-    " FROM s JOIN k USING (scope, scope_key, period)"
+    " RETURNING scope, scope_key, period, spent_tokens, spent_usd, reserved_tokens, reserved_usd)"
+    f" SELECT {_EXHAUSTED} FROM s JOIN k USING (scope, scope_key, period)"
 )
 _CHECK: Final = (
     # The refusal check of budgets not charged: read, not taken (a missing row is at zero).
@@ -110,6 +107,11 @@ _DECIDE: Final = (
     " limit_tokens = f.lt, limit_usd = f.lu"
     " FROM fit f CROSS JOIN a LEFT JOIN granted g ON true"
     " WHERE (b.scope, b.scope_key, b.period) = (f.scope, f.scope_key, f.period)"
+    # The decision as the grant gives it (_grant): each row's state and limits as written, the
+    # output and the reservation (NULL: refused), whether the row's room refused the least output.
+    " RETURNING b.scope, b.scope_key, b.period, b.spent_tokens, b.spent_usd, b.reserved_tokens,"
+    " b.reserved_usd, b.limit_tokens, b.limit_usd, g.output, a.prompt + g.output,"
+    " a.prompt_usd + g.output * a.per, f.room < a.least"
 )
 _LIMIT_ROW: Final = "(%s::text, %s::text, %s::text, %s::bigint, %s::float8)"
 
@@ -199,7 +201,7 @@ async def send_admission_budget(
     ask, lease = budget.ask, budget.lease
     assert ask is not None, "a first reservation asks"
     ordered = sorted(charged.values(), key=lambda limits: limits.key)
-    taken = await conn.execute(_take(len(ordered)), _keys(ordered, refusing))
+    await conn.execute(_take(len(ordered)), _keys(ordered, refusing))
     params: list[Any] = [
         ask.max_output,
         ask.min_output,
@@ -210,12 +212,29 @@ async def send_admission_budget(
     for limits in ordered:
         params.extend((*limits.key, _tokens(limits.tokens), _usd(limits.usd)))
     params.extend((budget.request_id, budget.conversation_id, lease.epoch if lease is not None else 0))
-    await conn.execute(_decide(len(ordered)), params)
+    decided = await conn.execute(_decide(len(ordered)), params)
 
     async def grant() -> BudgetGrant:
-        return admitted_grant(budget, [row[:9] for row in await taken.fetchall()])
+        return _grant(budget, await decided.fetchall())
 
     return grant
+
+
+def _grant(charge: BudgetCharge, decided: Sequence[Sequence[Any]]) -> BudgetGrant:
+    """The grant :data:`_DECIDE` decided and wrote, from the rows it returned (one per charged
+    budget): the output and reservation (refused: none, and the first of ``charge.budgets``
+    whose room refused the least output named, as ``fit_output`` names it), the rows' states
+    after it, the budgets as charged (a turn's own with its stored lower limits)."""
+    rows = {BudgetKey(*row[:3]): row for row in decided}
+    spends = {
+        key: BudgetSpend(int(row[3]), float(row[4]), int(row[5]), float(row[6])) for key, row in rows.items()
+    }
+    budgets = tuple(kept_limits(limits, *rows[limits.key][7:9]) for limits in charge.budgets)
+    output, tokens, usd = decided[0][9:12]
+    if output is None:
+        refused = next(limits.key for limits in charge.budgets if rows[limits.key][12])
+        return BudgetGrant(0, 0, 0.0, refused, spends, budgets)
+    return BudgetGrant(int(output), int(tokens), float(usd), None, spends, budgets)
 
 
 async def _no_grant() -> None:
