@@ -14,6 +14,7 @@ from turnwire_server.api.status import status_of
 from turnwire_server.api.submission_rpcs import turn_request_of
 from turnwire_server.config import Settings
 from turnwire_server.engine import TurnEngine
+from turnwire_server.engine.budget_scopes import ended_periods
 from turnwire_server.engine.detached_subagents import DetachedResults
 from turnwire_server.engine.maintenance import Maintenance
 from turnwire_server.engine.schedules import Scheduler
@@ -38,6 +39,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("turnwire.server")
+
+_BUDGET_ROWS_PER_SWEEP = 500
+"""Budget rows of ended periods one maintenance sweep deletes at most (one transaction)."""
 
 
 async def deliver_detached_answers(settings: Settings, detached: DetachedResults) -> None:
@@ -126,8 +130,8 @@ def build_scheduler(settings: Settings, store: Store, submissions: Submissions) 
 def start_maintenance(
     durability: DurabilitySettings, engine: TurnEngine, submissions: Submissions
 ) -> Maintenance:
-    """Start the retention sweeps and the expiry of pending submissions and tool calls
-    (docs/semantics.md §12)."""
+    """Start the retention sweeps, the expiry of pending submissions and tool calls
+    (docs/semantics.md §12) and of ended budget periods' rows (docs/cost.md, "Budgets")."""
     maintenance = Maintenance(
         engine,
         interval_seconds=durability.sweep_interval_seconds,
@@ -138,9 +142,15 @@ def start_maintenance(
         "expired submissions",
         lambda now: submissions.expire(now, expiry_seconds=durability.pending_expiry_seconds),
     )
+    store = engine.store
+    # Rows of budget periods that ended (docs/cost.md, "Budgets"): read by nothing, one a day per
+    # tenant and principal otherwise.
+    maintenance.add_hook(
+        "ended budget periods",
+        lambda now: store.expire_budget_periods(*ended_periods(now), _BUDGET_ROWS_PER_SWEEP),
+    )
     if durability.pending_expiry_seconds > 0:
         expiry = dt.timedelta(seconds=durability.pending_expiry_seconds)
-        store = engine.store
         maintenance.add_hook("expired tool calls", lambda now: store.expire_pending_tool_calls(now - expiry))
     maintenance.start()
     return maintenance

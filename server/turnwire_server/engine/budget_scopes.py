@@ -95,6 +95,17 @@ def resets_in(key: BudgetKey, now: dt.datetime) -> float | None:
     return (start - utc).total_seconds()
 
 
+def ended_periods(now: dt.datetime) -> tuple[str, str]:
+    """``(day, month)``: the periods before which budget rows are kept no longer (the store's
+    ``expire_budget_periods``): ``now``'s UTC day and month each less one, so the period that
+    just ended stays for a day or a month more (a turn admitted before midnight charges it, and
+    a reserved row stays anyway)."""
+    utc = now.astimezone(dt.UTC)
+    yesterday = utc.date() - dt.timedelta(days=1)
+    last_month = (utc.year, utc.month - 1) if utc.month > 1 else (utc.year - 1, 12)
+    return yesterday.isoformat(), f"{last_month[0]:04d}-{last_month[1]:02d}"
+
+
 def budget_states(
     budgets: Sequence[BudgetLimits], spends: Mapping[BudgetKey, BudgetSpend], now: dt.datetime
 ) -> tuple[BudgetState, ...]:

@@ -42,6 +42,13 @@ class MaintenanceStore(Protocol):
         can say it is past retention). Returns how many streams were expired."""
         ...
 
+    async def expire_budget_periods(self, day: str, month: str, limit: int) -> int:
+        """Delete up to ``limit`` (>= 1) budget rows of ended periods: UTC days before ``day``
+        (``2026-12-02``) and months before ``month`` (``2026-12``), without a reservation of a
+        running step on them (docs/cost.md, "Budgets"). Returns how many were deleted. Raises
+        :class:`ValueError` for ``limit`` < 1 or a ``day`` or ``month`` of another form."""
+        ...
+
     async def expire_pending_tool_calls(self, cutoff: dt.datetime) -> int:
         """Give every call still waiting for the client (a client call without a result, an
         approval request) whose assistant message was created before ``cutoff`` an errored

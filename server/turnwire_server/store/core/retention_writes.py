@@ -8,7 +8,7 @@ from typing import Final
 
 from turnwire_server.store.core.sql import Dialect, Program, Statement
 
-__all__ = ["expire_events"]
+__all__ = ["expire_budget_periods", "expire_events"]
 
 _ENDED_STREAMS: Final = (
     "SELECT request_id FROM turn_streams"
@@ -36,3 +36,38 @@ def _expire_events(before_us: int, limit: int, dialect: Dialect) -> Program[int]
         Statement("UPDATE turn_streams SET events_expired = 1 WHERE request_id = ?", streams, many=True),
     ]
     return len(streams)
+
+
+_ENDED_PERIODS: Final = (
+    # Key lengths tell the periods apart: a UTC day (2026-12-02) or month (2026-12); '' never ends.
+    "SELECT scope, scope_key, period FROM budget_spend b"
+    " WHERE ((length(period) = 10 AND period < ?) OR (length(period) = 7 AND period < ?))"
+    " AND NOT EXISTS (SELECT 1 FROM budget_reservations r"
+    " WHERE r.scope = b.scope AND r.scope_key = b.scope_key AND r.period = b.period)"
+    " ORDER BY period LIMIT ?"
+)
+
+
+def expire_budget_periods(day: str, month: str, limit: int) -> Callable[[Dialect], Program[int]]:
+    """``Store.expire_budget_periods``: up to ``limit`` (>= 1) budget rows of periods before
+    ``day`` (a UTC day, ``2026-12-02``: the rows of earlier days) or ``month`` (``2026-12``: of
+    earlier months) that no running step reserved on are deleted; returns how many. Rows another
+    writer is expiring or charging at the same moment are skipped (the dialect's
+    ``claim_rows``). Returns the program's maker. Raises :class:`ValueError` for ``limit`` < 1 or
+    a ``day`` or ``month`` not of those forms (at once)."""
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
+    if len(day) != 10 or len(month) != 7:
+        raise ValueError(f"day and month must be YYYY-MM-DD and YYYY-MM, got {day!r} and {month!r}")
+    return functools.partial(_expire_budget_periods, day, month, limit)
+
+
+def _expire_budget_periods(day: str, month: str, limit: int, dialect: Dialect) -> Program[int]:
+    found = yield [Statement(_ENDED_PERIODS + dialect.claim_rows, (day, month, limit), fetch=True)]
+    keys = [tuple(row) for row in found[0]]
+    yield [
+        Statement(
+            "DELETE FROM budget_spend WHERE scope = ? AND scope_key = ? AND period = ?", keys, many=True
+        )
+    ]
+    return len(keys)

@@ -313,6 +313,12 @@ class CoreWrites:
         make = retention_writes.expire_events(to_us(before, "before"), limit)
         return await self._commit("expire_events", lambda _: make(self._dialect), Commit(urgent=False))
 
+    async def expire_budget_periods(self, day: str, month: str, limit: int) -> int:
+        make = retention_writes.expire_budget_periods(day, month, limit)
+        return await self._commit(
+            "expire_budget_periods", lambda _: make(self._dialect), Commit(urgent=False)
+        )
+
     async def charge_budget(
         self, charge: BudgetCharge, *, checkpoint: message_pb2.Message | None = None
     ) -> BudgetGrant:
