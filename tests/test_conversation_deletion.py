@@ -250,7 +250,7 @@ async def test_the_loop_stops_when_a_sweep_swallowed_its_cancel(make_engine: Eng
     async def store_call(at: dt.datetime) -> int:
         in_sweep.set()
         try:
-            await asyncio.sleep(3600)
+            await asyncio.Event().wait()  # a store call that answers only when cancelled
         except asyncio.CancelledError:
             if swallowed:
                 raise
