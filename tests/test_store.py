@@ -664,6 +664,7 @@ async def test_migrations_run_once_and_are_recorded(store_backend: StoreBackend)
         (13, "0013_webhooks"),
         (14, "0014_writer_versions"),
         (15, "0015_lean_reservations"),
+        (16, "0016_budget_periods"),
     ]
     assert isinstance(rows[0][2], int)
     assert {

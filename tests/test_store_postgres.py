@@ -93,6 +93,7 @@ async def test_replicas_opening_a_fresh_database_together_migrate_it_once() -> N
                 (13, "0013_webhooks"),
                 (14, "0014_writer_versions"),
                 (15, "0015_lean_reservations"),
+                (16, "0016_budget_periods"),
             ]
             await stores[0].start_turn(_turn("r1", "c1"), [_user("u1")])
             assert [m.id for m in await stores[3].load_messages("c1")] == ["u1"]
@@ -140,7 +141,7 @@ async def test_a_database_of_the_previous_schema_is_migrated_with_its_data_kept(
             claimed = await old.claim_interrupted_turns("me", now, now + dt.timedelta(seconds=30), 10)
             assert [(t.request_id, t.owner) for t in claimed] == [("r-old", "me")]
             versions = check.sql("SELECT version FROM schema_migrations ORDER BY version")
-            assert versions == [(n,) for n in range(1, 16)]
+            assert versions == [(n,) for n in range(1, 17)]
             record = CompactionRecord("c1", "", None, (("m", "call"),), "threshold", "drop", 9, 3, now)
             await old.save_compaction(record)
             assert await old.load_compaction("c1") == record
@@ -207,6 +208,7 @@ async def test_migrate_reports_what_it_applied() -> None:
             "0013_webhooks",
             "0014_writer_versions",
             "0015_lean_reservations",
+            "0016_budget_periods",
         ]
         assert await store.migrate() == []
         await store.close()
@@ -428,7 +430,7 @@ def test_turnwire_migrate_applies_pending_migrations_and_says_which(pg_url: str)
     url = pg_url.replace("postgresql://postgres@", f"postgresql://postgres:{SECRET}@")
     first = runner.invoke(cli.app, ["migrate", "--store-url", url])
     assert first.exit_code == 0, first.output
-    assert first.output.splitlines()[:15] == [
+    assert first.output.splitlines()[:16] == [
         "applied 0001_init",
         "applied 0002_durable_turns",
         "applied 0003_turn_leases",
@@ -444,14 +446,15 @@ def test_turnwire_migrate_applies_pending_migrations_and_says_which(pg_url: str)
         "applied 0013_webhooks",
         "applied 0014_writer_versions",
         "applied 0015_lean_reservations",
+        "applied 0016_budget_periods",
     ]
-    assert "15 migration(s) applied" in first.output
+    assert "16 migration(s) applied" in first.output
     again = runner.invoke(cli.app, ["migrate", "--store-url", url])
     assert again.exit_code == 0, again.output
     assert "applied 0001" not in again.output and "0 migration(s) applied" in again.output
     assert SECRET not in first.output + again.output
     check = StoreBackend("postgres", url=pg_url)
-    assert check.sql("SELECT COUNT(*) FROM schema_migrations") == [(15,)]
+    assert check.sql("SELECT COUNT(*) FROM schema_migrations") == [(16,)]
     asyncio.run(check.close())
 
 

@@ -453,7 +453,7 @@ async def test_a_database_of_the_previous_schema_is_migrated_with_its_data_kept(
     finally:
         await store.close()
     assert [v for (v,) in _raw(path, "SELECT version FROM schema_migrations ORDER BY version")] == list(
-        range(1, 16)
+        range(1, 17)
     )
 
 

@@ -40,8 +40,10 @@ def _expire_events(before_us: int, limit: int, dialect: Dialect) -> Program[int]
 
 _ENDED_PERIODS: Final = (
     # Key lengths tell the periods apart: a UTC day (2026-12-02) or month (2026-12); '' never ends.
-    "SELECT scope, scope_key, period FROM budget_spend b"
-    " WHERE ((length(period) = 10 AND period < ?) OR (length(period) = 7 AND period < ?))"
+    # The first two terms are the partial index's (migration 0016): the scan reads only periods
+    # before the later of the two bounds, oldest first, and stops at the limit.
+    "SELECT scope, scope_key, period FROM budget_spend b WHERE period <> '' AND period < ?"
+    " AND ((length(period) = 10 AND period < ?) OR (length(period) = 7 AND period < ?))"
     " AND NOT EXISTS (SELECT 1 FROM budget_reservations r"
     " WHERE r.scope = b.scope AND r.scope_key = b.scope_key AND r.period = b.period)"
     " ORDER BY period LIMIT ?"
@@ -63,7 +65,9 @@ def expire_budget_periods(day: str, month: str, limit: int) -> Callable[[Dialect
 
 
 def _expire_budget_periods(day: str, month: str, limit: int, dialect: Dialect) -> Program[int]:
-    found = yield [Statement(_ENDED_PERIODS + dialect.claim_rows, (day, month, limit), fetch=True)]
+    found = yield [
+        Statement(_ENDED_PERIODS + dialect.claim_rows, (max(day, month), day, month, limit), fetch=True)
+    ]
     keys = [tuple(row) for row in found[0]]
     yield [
         Statement(
