@@ -87,6 +87,7 @@ async def test_a_turn_over_budget_ends_with_the_reason_and_the_next_is_refused(
         error = raised.value
         assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert error.reason == "BUDGET_EXHAUSTED" and error.error_metadata["budget"] == "tenant/day"
+        assert error.message.startswith("the tenant/day budget has no room for a new turn: 1,240 of")
         quota = _detail(error, error_details_pb2.QuotaFailure)
         assert isinstance(quota, error_details_pb2.QuotaFailure)
         (violation,) = quota.violations

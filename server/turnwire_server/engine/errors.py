@@ -368,10 +368,12 @@ class BudgetExhausted(DomainError):
 
     error_reason = reasons.ERROR_REASON_BUDGET_EXHAUSTED
     status_code = CanonicalCode.RESOURCE_EXHAUSTED
+    room_for = "another model step"
+    """What the budget has no room for, in the message."""
 
     def __init__(self, budget: str, why: str, resets_in_seconds: float | None = None) -> None:
         when = "" if resets_in_seconds is None else f"; it resets in {resets_in_seconds:,.0f} s"
-        super().__init__(f"the {budget} budget has no room for another model step: {why}{when}")
+        super().__init__(f"the {budget} budget has no room for {self.room_for}: {why}{when}")
         self.budget = budget
         self.why = why
         self.resets_in_seconds = resets_in_seconds
@@ -387,4 +389,6 @@ class BudgetExhausted(DomainError):
 
 class BudgetRefused(BudgetExhausted, AdmissionRefused):
     """A new turn was refused, nothing stored: a budget it would run under is exhausted
-    (:class:`BudgetExhausted`'s fields)."""
+    (:class:`BudgetExhausted`'s fields; its message says "no room for a new turn")."""
+
+    room_for = "a new turn"

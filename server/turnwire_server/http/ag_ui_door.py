@@ -31,7 +31,7 @@ Bearer`` header, tenants, limits, metrics, traces), with the OpenAI door's helpe
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import grpc
@@ -50,6 +50,7 @@ from turnwire_server.http.openai_chat import data_lines
 from turnwire_server.http.openai_door import call_info, read_body, struct_of
 from turnwire_server.http.openai_errors import ended_error
 from turnwire_server.http.openai_request import RequestProblem
+from turnwire_server.http.retry_headers import retry_headers
 
 PATH = "/v1/ag-ui"
 """The door's one route."""
@@ -60,10 +61,13 @@ _PARAMS = {"conversation_id": "threadId", "request_id": "runId", "client_tools":
 _SSE_TYPES = ("text/event-stream", "text/*", "*/*")
 
 
-def run_error_response(status: int, message: str, code: str) -> Response:
-    """An HTTP ``status`` answer whose body is AG-UI's ``RUN_ERROR`` event."""
+def run_error_response(
+    status: int, message: str, code: str, *, headers: Mapping[str, str] | None = None
+) -> Response:
+    """An HTTP ``status`` answer whose body is AG-UI's ``RUN_ERROR`` event, with ``headers``
+    (a refusal's retry headers: :mod:`turnwire_server.http.retry_headers`)."""
     body = {"type": "RUN_ERROR", "message": message, "code": code}
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
 
 
 def ended_run_error(ended: CallEnded) -> tuple[int, dict[str, Any]]:
@@ -196,7 +200,7 @@ def _turn_request(thread_id: str, run_id: str, turn: RunInput) -> tuple[str, Any
 
 def _ended_response(ended: CallEnded) -> Response:
     status, body = ended_run_error(ended)
-    return run_error_response(status, body["message"], body["code"])
+    return run_error_response(status, body["message"], body["code"], headers=retry_headers(ended))
 
 
 __all__ = ["PATH", "AgUiDoor", "accepts_sse", "ended_run_error", "run_error_response"]

@@ -43,6 +43,7 @@ from turnwire_server.http.openai_chat import data_lines
 from turnwire_server.http.openai_door import call_info, read_body, struct_of
 from turnwire_server.http.openai_errors import ended_error
 from turnwire_server.http.openai_request import RequestProblem
+from turnwire_server.http.retry_headers import retry_headers
 
 _SERVICE = "/turnwire.v1.ChatService/"
 
@@ -54,9 +55,10 @@ _DONE = b"data: [DONE]\n\n"
 
 
 def refused(ended: CallEnded) -> Response:
-    """The answer to a call the servicer refused: its HTTP status, its message as plain text."""
+    """The answer to a call the servicer refused: its HTTP status, its message as plain text, the
+    refusal's retry headers (:func:`~turnwire_server.http.retry_headers.retry_headers`)."""
     status, body = ended_error(ended)
-    return PlainTextResponse(body["error"]["message"], status_code=status)
+    return PlainTextResponse(body["error"]["message"], status_code=status, headers=retry_headers(ended))
 
 
 class AiSdkDoor:

@@ -35,8 +35,12 @@ from typing import Any, NamedTuple
 
 import grpc
 from google.protobuf.message import Message
+from google.rpc import status_pb2
 
 from turnwire_client.metadata import EVENT_BATCHES_METADATA
+
+STATUS_DETAILS_KEY = "grpc-status-details-bin"
+"""The trailer that carries a status's ``google.rpc.Status`` (gRPC's richer error model)."""
 
 Metadata = tuple[tuple[str, str | bytes], ...]
 """gRPC invocation metadata: lowercase keys; ``bytes`` values for keys ending in ``-bin``."""
@@ -101,6 +105,14 @@ class CallEnded(grpc.aio.AbortError):  # type: ignore[misc]  # grpc is untyped
         self.code = code
         self.details = details
         self.trailing_metadata = tuple(trailing_metadata)
+
+    def status_details(self) -> Sequence[Any]:
+        """The ``google.protobuf.Any`` details (ErrorInfo, BadRequest, RetryInfo …) of the
+        ``google.rpc.Status`` in the ``grpc-status-details-bin`` trailer; empty without one."""
+        for key, value in self.trailing_metadata:
+            if key == STATUS_DETAILS_KEY:
+                return tuple(status_pb2.Status.FromString(value).details)
+        return ()
 
 
 class _CallDetails(NamedTuple):
@@ -339,6 +351,7 @@ async def _one(request: Message) -> AsyncIterator[Message]:
 
 
 __all__ = [
+    "STATUS_DETAILS_KEY",
     "CallEnded",
     "DoorCallInfo",
     "HttpCallContext",

@@ -36,14 +36,13 @@ from connectrpc.server import ConnectASGIApplication, Endpoint
 from google.protobuf import descriptor_pb2, json_format, message_factory
 from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
 from google.protobuf.message import DecodeError, Message
-from google.rpc import error_details_pb2, status_pb2
+from google.rpc import error_details_pb2
 from protobuf.wkt import Any as WireAny
 
 from turnwire_server.http.calls import CallEnded, DoorCallInfo, InProcessCalls, metadata_of
 
 log = logging.getLogger("turnwire.http")
 
-_DETAILS_KEY = "grpc-status-details-bin"
 
 _CODES: dict[grpc.StatusCode, Code] = {
     grpc.StatusCode.CANCELLED: Code.CANCELED,
@@ -116,11 +115,7 @@ def _wire(type_name: str, value: bytes) -> ErrorDetail:
 def connect_error(ended: CallEnded) -> ConnectError:
     """The Connect error of a call that ended with a gRPC status: its code, message and the
     ``google.rpc.Status`` details of its ``grpc-status-details-bin`` trailer."""
-    details: list[ErrorDetail] = []
-    for key, value in ended.trailing_metadata:
-        if key == _DETAILS_KEY:
-            status = status_pb2.Status.FromString(value)
-            details = [_wire(any_.type_url.rpartition("/")[2], any_.value) for any_ in status.details]
+    details = [_wire(any_.type_url.rpartition("/")[2], any_.value) for any_ in ended.status_details()]
     return ConnectError(_CODES.get(ended.code, Code.UNKNOWN), ended.details, details)
 
 

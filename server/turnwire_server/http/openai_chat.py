@@ -31,6 +31,7 @@ from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 from turnwire_server.http.calls import CallEnded, DoorCallInfo, InProcessCalls
 from turnwire_server.http.openai_door import call_info, json_response, read_body, struct_of
 from turnwire_server.http.openai_errors import bad_request, ended_error, ended_response
+from turnwire_server.http.retry_headers import TURN_RAN
 
 _SERVICE = "/turnwire.v1.ChatService/"
 _PARAMS = {"conversation_id": "conversation", "client_tools": "tools", "messages": "messages"}
@@ -348,12 +349,16 @@ class ChatCompletionsDoor:
                 async for item in events:
                     completion.feed(item.event)
         except CallEnded as ended:
-            return ended_response(ended, param_names=_PARAMS)
+            return ended_response(ended, param_names=_PARAMS, started=first is not None)
         finally:
             await self._forget(forget, call)
         if completion.error is not None:
+            # The turn ran: sent again, it would run again (its tools, its billed steps).
             return Response(
-                orjson.dumps({"error": completion.error}), status_code=500, media_type="application/json"
+                orjson.dumps({"error": completion.error}),
+                status_code=500,
+                media_type="application/json",
+                headers=TURN_RAN,
             )
         return json_response(completion.whole())
 

@@ -273,7 +273,7 @@ class ResponsesDoor:
                     async for item in events:
                         log.feed(item.event)
             except CallEnded as ended:
-                return ended_response(ended, param_names=_PARAMS)
+                return ended_response(ended, param_names=_PARAMS, started=first is not None)
             return json_response(log.snapshot())
         return EventSourceResponse(self._sse(first, events, log, after), ping=15)
 

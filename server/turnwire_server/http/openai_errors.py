@@ -21,8 +21,7 @@ from google.rpc import error_details_pb2, status_pb2
 from starlette.responses import Response
 
 from turnwire_server.http.calls import CallEnded
-
-_DETAILS_KEY = "grpc-status-details-bin"
+from turnwire_server.http.retry_headers import TURN_RAN, retry_headers
 
 _HTTP: dict[grpc.StatusCode, tuple[int, str]] = {
     grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error"),
@@ -66,19 +65,16 @@ def bad_request(message: str, param: str | None, code: str = "invalid_value") ->
 def _details(ended: CallEnded) -> tuple[str | None, str | None]:
     """The ErrorInfo reason and the first BadRequest field of the call's status details."""
     reason = field = None
-    for key, value in ended.trailing_metadata:
-        if key != _DETAILS_KEY:
-            continue
-        for detail in status_pb2.Status.FromString(value).details:
-            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-                info = error_details_pb2.ErrorInfo()
-                detail.Unpack(info)
-                reason = info.reason
-            elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR) and field is None:
-                bad = error_details_pb2.BadRequest()
-                detail.Unpack(bad)
-                if bad.field_violations:
-                    field = bad.field_violations[0].field
+    for detail in ended.status_details():
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            reason = info.reason
+        elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR) and field is None:
+            bad = error_details_pb2.BadRequest()
+            detail.Unpack(bad)
+            if bad.field_violations:
+                field = bad.field_violations[0].field
     return reason, field
 
 
@@ -94,10 +90,18 @@ def ended_error(ended: CallEnded, *, param_names: dict[str, str] | None = None) 
     return status, error_body(ended.details, type_, field, reason.lower() if reason else None)
 
 
-def ended_response(ended: CallEnded, *, param_names: dict[str, str] | None = None) -> Response:
-    """:func:`ended_error` as an HTTP answer."""
+def ended_response(
+    ended: CallEnded, *, param_names: dict[str, str] | None = None, started: bool = False
+) -> Response:
+    """:func:`ended_error` as an HTTP answer, with the refusal's retry headers
+    (:func:`~turnwire_server.http.retry_headers.retry_headers`); ``started``: the call ended
+    after its turn's first event, so the answer also says not to send it again
+    (:data:`~turnwire_server.http.retry_headers.TURN_RAN`: the turn was admitted and may run on)."""
     status, body = ended_error(ended, param_names=param_names)
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+    headers = retry_headers(ended)
+    if started:
+        headers.update(TURN_RAN)
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
 
 
 def turn_error(status: status_pb2.Status) -> dict[str, Any]:
