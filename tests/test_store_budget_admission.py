@@ -115,10 +115,48 @@ async def test_a_spent_dollar_budget_refuses_and_one_with_room_admits(store: Sto
     with pytest.raises(BudgetSpent):
         async with _admit(store, turn, refuse=(dollars,), budget=_charge(turn, dollars)):
             pass
-    roomy = BudgetLimits(CONVERSATION, tokens=11, usd=0.51, conversation_id="c")
+    # Room for the first step's ask: its 10 tokens of prompt and 1 of output.
+    roomy = BudgetLimits(CONVERSATION, tokens=21, usd=0.51, conversation_id="c")
     async with _admit(store, turn, refuse=(roomy,), budget=_charge(turn, roomy)) as admission:
-        assert admission.budget is not None
+        assert admission.budget is not None and admission.budget.refused is None
+        assert admission.budget.output_tokens == 1
     assert await store.get_turn("r1") is not None
+
+
+@pytest.mark.parametrize("unit", ["tokens", "usd"])
+async def test_a_budget_without_room_for_the_first_step_refuses_and_nothing_is_stored(
+    store: Store, store_backend: StoreBackend, unit: str
+) -> None:
+    """Not spent, but short of the first step's prompt and least output: that turn would end at
+    its first step, unsent, its input stored for nothing; it is refused as a spent one is."""
+    await _spend(store, 10, usd=0.5)
+    before = _stored(store_backend)
+    short = {
+        "tokens": BudgetLimits(CONVERSATION, tokens=20, conversation_id="c"),  # 10 left, 11 asked
+        "usd": BudgetLimits(CONVERSATION, usd=0.6, conversation_id="c"),  # $0.10 left, $0.11 asked
+    }[unit]
+    turn = leased_turn("r1", "c", "a", start_time=T0)
+    ask = BudgetAsk(10, 0.1, 0.01, 10, 1)
+    charge = BudgetCharge(turn.request_id, "c", turn.lease, (short, BudgetLimits(TENANT_DAY)), ask=ask)
+    with pytest.raises(BudgetSpent) as refused:
+        async with _admit(store, turn, refuse=(short,), budget=charge):
+            pytest.fail("admitted")
+    assert (refused.value.budget, refused.value.spend, refused.value.ask) == (
+        short,
+        BudgetSpend(10, 0.5),
+        ask,
+    )
+    assert _stored(store_backend) == before
+    # Without a first reservation to size it by, only a spent budget refuses: this one admits.
+    async with _admit(store, turn, refuse=(short,)) as admission:
+        assert admission.budget is None
+    assert await store.get_turn("r1") is not None
+    # Room enough for the least output admits, with the output clamped to what fits.
+    roomy = BudgetLimits(CONVERSATION, tokens=22, conversation_id="c")
+    later = leased_turn("r2", "c", "a", start_time=T0)
+    charge = BudgetCharge("r2", "c", later.lease, (roomy,), ask=ask)
+    async with _admit(store, later, refuse=(roomy,), budget=charge) as admission:
+        assert admission.budget is not None and admission.budget.output_tokens == 2
 
 
 async def test_a_turn_that_waited_in_line_is_checked_when_its_turn_comes(store: Store) -> None:

@@ -209,3 +209,38 @@ async def test_a_request_lowers_its_own_budget_through_the_client(sidecar_factor
         assert configured.step_count == 2
         with pytest.raises(TypeError, match="take no budget"):
             await collect(client.submit_tool_results("own-2", {"call": "x"}, budget={"max_tokens": 5}))
+
+
+async def test_a_budget_without_room_for_a_first_step_refuses_the_new_turn(
+    sidecar_factory: SidecarFactory,
+) -> None:
+    """Fresh-user trial (stop 65): a conversation budget not spent but short of a step (1,903 of
+    2,000 tokens used) admitted every new turn, stored its input, and ended it at its first step,
+    unsent: each retry added an unanswered question to the conversation. Now the admission that
+    sizes the first step's reservation refuses it, nothing stored, as a spent budget's does; a
+    budget with room for it runs the turn."""
+    config = {
+        "default_model": "scripted:costly",
+        "providers": {
+            "scripted": {"scripts": {"costly": [{"text": "Done.", "usage": {"input_tokens": 1_900}}]}}
+        },
+        "budgets": {"conversation": {"tokens": 2_000}, "assumed_max_output_tokens": 50},
+    }
+    sidecar = await sidecar_factory(config=config).start()
+    async with TurnwireClient(sidecar.target) as client:
+        first = await collect(client.chat("short", "hi"))
+        assert first.status == event_pb2.TURN_STATUS_COMPLETED, first
+        with pytest.raises(TurnwireError) as raised:
+            await collect(client.chat("short", "and again?"))
+        error = raised.value
+        assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED and error.reason == "BUDGET_EXHAUSTED"
+        assert error.message.startswith(
+            "the conversation budget has no room for a new turn: 1,901 of its 2,000 tokens used or"
+            " reserved, and the next step needs about "
+        ), error.message
+        assert error.retry_delay is None  # a conversation's budget never resets
+        stored = await client.get_conversation("short")
+        assert stored.message_count == 2  # the first turn's question and reply, nothing more
+        # Another conversation has its own budget: its turn runs.
+        other = await collect(client.chat("roomy", "hi"))
+        assert other.status == event_pb2.TURN_STATUS_COMPLETED, other

@@ -29,7 +29,7 @@ from turnwire.compaction import EstimateTokens, message_bytes
 from turnwire_client.v1 import message_pb2
 from turnwire_server.cache_budget import CACHES, CacheRegion
 from turnwire_server.engine import metrics
-from turnwire_server.engine.budget_refusals import exhausted_text
+from turnwire_server.engine.budget_refusals import exhausted_text, refusal_text
 from turnwire_server.engine.budget_scopes import applies, budgets_for, lowered, resets_in
 from turnwire_server.engine.budget_settings import BudgetLimit, BudgetSettings
 from turnwire_server.engine.errors import BudgetRefused
@@ -133,13 +133,20 @@ def refusing_budgets(
 
 
 def budget_refusal(
-    budget: BudgetLimits, spend: BudgetSpend, conversation_id: str, now: dt.datetime
+    budget: BudgetLimits,
+    spend: BudgetSpend,
+    conversation_id: str,
+    now: dt.datetime,
+    ask: BudgetAsk | None = None,
 ) -> BudgetRefused:
-    """The refusal of a new turn on ``conversation_id`` by ``budget``, exhausted at ``spend``:
-    naming the budget, what ran out and when it resets (not counted: :func:`count_refusal`)."""
-    return BudgetRefused(
-        budget.key.scope, exhausted_text(budget.tokens, budget.usd, spend), resets_in(budget.key, now)
-    )
+    """The refusal of a new turn on ``conversation_id`` by ``budget``, exhausted at ``spend`` (or,
+    given the first step's reservation ``ask``, without room for it): naming the budget, what ran
+    out (and what the step needs) and when it resets (not counted: :func:`count_refusal`)."""
+    if ask is None:
+        why = exhausted_text(budget.tokens, budget.usd, spend)
+    else:
+        why = refusal_text(budget.tokens, budget.usd, spend, ask)
+    return BudgetRefused(budget.key.scope, why, resets_in(budget.key, now))
 
 
 def count_refusal(refusal: BudgetRefused, conversation_id: str) -> None:

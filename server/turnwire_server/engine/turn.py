@@ -101,7 +101,9 @@ class TurnRun(TurnAttempts):
                 except BudgetSpent as spent:  # the check riding the admission: nothing stored
                     now = dt.datetime.now(dt.UTC)
                     self._refused(
-                        budget_refusal(spent.budget, spent.spend, self.request.conversation_id, now)
+                        budget_refusal(
+                            spent.budget, spent.spend, self.request.conversation_id, now, spent.ask
+                        )
                     )
                 except Exception as error:  # the lock or the input's commit failed: nothing stored
                     self._checked()  # start returns: the stream's TurnEnd says why
@@ -176,13 +178,14 @@ class TurnRun(TurnAttempts):
 
     def _refusing(self, charge: BudgetCharge | None) -> tuple[BudgetLimits, ...]:
         """The budgets whose exhaustion refuses this turn at its admission, when the check rides
-        it (:attr:`budget_check`; else none): those of the admission's ``charge`` but the turn's
-        own, when it carries one (the same budgets at the same time, so the charge's rows answer
-        the check), else :func:`refusing_budgets`."""
+        it (:attr:`budget_check`; else none): those of the admission's ``charge``, when it carries
+        one (the same budgets at the same time, so the charge's rows answer the check; the turn's
+        own too, which a new turn has spent nothing of, so it refuses only a first step it has no
+        room for), else :func:`refusing_budgets`."""
         if self.budget_check is None:
             return ()
         if charge is not None:
-            return tuple(limits for limits in charge.budgets if limits.key.scope != "turn")
+            return charge.budgets
         request = self.request
         return refusing_budgets(
             self.settings.budgets, request.conversation_id, request.principal, dt.datetime.now(dt.UTC)

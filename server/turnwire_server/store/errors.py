@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from turnwire.errors import CanonicalCode, DomainError, ErrorDetails
 from turnwire_client.v1 import error_reason_pb2 as reasons
-from turnwire_server.store.records import BudgetLimits, BudgetSpend
+from turnwire_server.store.records import BudgetAsk, BudgetLimits, BudgetSpend
 
 
 class StoreError(DomainError):
@@ -217,19 +217,22 @@ def _advice(earlier_state: str) -> str:
 
 
 class BudgetSpent(StoreRefusal):
-    """A new turn's admission found a budget it would run under exhausted (``Store.admit_turn``'s
-    ``refuse``; the rule: :meth:`~turnwire_server.store.records.BudgetLimits.exhausted_by`):
-    nothing was stored. ``budget`` is the budget that refused, ``spend`` its state then. The
-    engine reports it as its ``BudgetRefused``, naming the budget and when it resets
-    (docs/cost.md, "Budgets")."""
+    """A new turn's admission found a budget it would run under exhausted, or without room for
+    its first step (``Store.admit_turn``'s ``refuse``; the rule:
+    :func:`~turnwire_server.store.core.budget_writes.raise_spent`): nothing was stored.
+    ``budget`` is the budget that refused, ``spend`` its state then, ``ask`` the first step's
+    reservation it had no room for (None: the budget is spent). The engine reports it as its
+    ``BudgetRefused``, naming the budget and when it resets (docs/cost.md, "Budgets")."""
 
     error_reason = reasons.ERROR_REASON_BUDGET_EXHAUSTED
     status_code = CanonicalCode.RESOURCE_EXHAUSTED
 
-    def __init__(self, budget: BudgetLimits, spend: BudgetSpend) -> None:
-        super().__init__(f"the {budget.key.scope} budget is spent")
+    def __init__(self, budget: BudgetLimits, spend: BudgetSpend, ask: BudgetAsk | None = None) -> None:
+        what = "is spent" if ask is None else "has no room for the first step"
+        super().__init__(f"the {budget.key.scope} budget {what}")
         self.budget = budget
         self.spend = spend
+        self.ask = ask
 
 
 class TurnNotFound(StoreRefusal):

@@ -50,12 +50,13 @@ class TurnStore(Protocol):
 
         ``budget`` (a :meth:`BudgetStore.charge_budget` with an ask, no settlement: the turn's
         first step's reservation) rides the input's commit, its grant in
-        ``TurnAdmission.budget`` (None without ``budget``). It never refuses the admission: a
-        grant that was refused reserved nothing (docs/cost.md, "What it costs per request").
-        ``refuse``: budgets whose exhaustion refuses the turn, checked in the same transaction on
-        the rows the charge takes (or read for the check alone): one exhausted
-        (:meth:`BudgetLimits.exhausted_by`) raises :class:`~turnwire_server.store.errors.BudgetSpent`,
-        nothing stored (the engine's check of a new turn's budgets, docs/cost.md, "Budgets").
+        ``TurnAdmission.budget`` (None without ``budget``). A grant that was refused reserved
+        nothing (docs/cost.md, "What it costs per request"). ``refuse``: budgets whose exhaustion
+        refuses the turn, checked in the same transaction on the rows the charge takes (or read
+        for the check alone): one exhausted (:meth:`BudgetLimits.exhausted_by`), or one of them
+        without room for ``budget``'s ask (the first step would end the turn, unsent), raises
+        :class:`~turnwire_server.store.errors.BudgetSpent`, nothing stored (the engine's check of
+        a new turn's budgets, ``budget_writes.raise_spent``; docs/cost.md, "Budgets").
 
         The backend may do both in one step: PostgreSQL takes the ticket, checks that it heads
         the queue, writes the input and reads the history in one transaction sent in one flight

@@ -215,7 +215,7 @@ def charge_budget(
     instead: :mod:`turnwire_server.store.postgres.budget_flight`.) ``refuse`` (an
     admission's, whose charge takes their rows): raises :class:`BudgetSpent` (the transaction
     writes nothing) when one of these budgets is exhausted on the rows as taken and settled, before
-    the charge decides (:func:`refusal_check`'s rule)."""
+    the charge decides, or has no room for ``charge.ask`` (:func:`raise_spent`'s rule)."""
     fenced = fenced or admitting
     ask = charge.ask
     if ask is None:
@@ -263,7 +263,7 @@ def charge_budget(
     )
     for key in keys:  # a row read missing is at zero (the write creates it)
         spends.setdefault(key, _ZERO)
-    raise_spent(refuse, spends)
+    raise_spent(refuse, spends, ask)
     writes: list[Statement] = []
     reserved: set[BudgetKey] = set()
     output, refused, tokens, usd = _reserve(ask, budgets, spends)
@@ -363,14 +363,24 @@ def refusal_check(refuse: Sequence[BudgetLimits]) -> Program[None]:
     raise_spent(refuse, spends_from_rows(rows))
 
 
-def raise_spent(refuse: Sequence[BudgetLimits], spends: Mapping[BudgetKey, BudgetSpend]) -> None:
+def raise_spent(
+    refuse: Sequence[BudgetLimits], spends: Mapping[BudgetKey, BudgetSpend], ask: BudgetAsk | None = None
+) -> None:
     """Raise :class:`BudgetSpent` for the first budget of ``refuse`` exhausted at its state in
-    ``spends`` (one missing is at zero; :meth:`BudgetLimits.exhausted_by`): the admission check's
-    rule, applied by every store path that checks (docs/cost.md, "Budgets")."""
+    ``spends`` (one missing is at zero; :meth:`BudgetLimits.exhausted_by`), else, given the first
+    step's reservation ``ask`` (the one the admission carries), for the first without room for
+    it (:func:`~.budget_rules.fit_output`: its prompt and ``min_output``): the admission check's
+    rule, applied by every store path that checks (docs/cost.md, "Budgets"). Such a turn would
+    end at its first step, unsent, its input stored for nothing."""
     for budget in refuse:
         spend = spends.get(budget.key, _ZERO)
         if budget.exhausted_by(spend):
             raise BudgetSpent(budget, spend)
+    if ask is not None and refuse:
+        _, refused = fit_output(ask, refuse, spends)
+        if refused is not None:
+            budget = next(limits for limits in refuse if limits.key == refused)
+            raise BudgetSpent(budget, spends.get(refused, _ZERO), ask)
 
 
 def _settled(charge: BudgetCharge, dialect: Dialect, *, fenced: bool) -> Program[BudgetGrant]:

@@ -17,7 +17,9 @@ flight's others, before its ``COMMIT``:
   flight stores nothing (a budget that refuses but is not charged: a read of its own,
   :data:`_CHECK`);
 - :data:`_DECIDE`: the output that fits every budget, the turn's reservations and the rows'
-  reserved amounts and limits written, in one statement that returns what it decided.
+  reserved amounts and limits written, in one statement that returns what it decided; a budget
+  that refuses new turns without room for the first step's least output fails it too (the
+  turn would end at that step, unsent: ``budget_writes.raise_spent``'s rule).
 
 The grant is read from :data:`_DECIDE`'s rows once the ``COMMIT`` is in (:func:`_grant`): the
 rule is applied once, by the database. A flight failed by a spent
@@ -85,13 +87,13 @@ _DECIDE: Final = (
     # amounts and limits.
     "WITH a (most, least, prompt, prompt_usd, per) AS"
     " (VALUES (%s::bigint, %s::bigint, %s::bigint, %s::float8, %s::float8)),"
-    " k (scope, scope_key, period, tokens, usd) AS (VALUES {keys}),"
-    " s AS (SELECT k.scope, k.scope_key, k.period,"
+    " k (scope, scope_key, period, tokens, usd, refuses) AS (VALUES {keys}),"
+    " s AS (SELECT k.scope, k.scope_key, k.period, k.refuses,"
     " CASE WHEN k.scope = 'turn' THEN LEAST(k.tokens, b.limit_tokens) ELSE k.tokens END AS lt,"
     " CASE WHEN k.scope = 'turn' THEN LEAST(k.usd, b.limit_usd) ELSE k.usd END AS lu,"
     " b.spent_tokens, b.spent_usd, b.reserved_tokens, b.reserved_usd"
     " FROM k JOIN budget_spend b USING (scope, scope_key, period)),"
-    " fit AS (SELECT s.scope, s.scope_key, s.period, s.lt, s.lu, LEAST(a.most,"
+    " fit AS (SELECT s.scope, s.scope_key, s.period, s.refuses, s.lt, s.lu, LEAST(a.most,"
     " s.lt - s.spent_tokens - s.reserved_tokens - a.prompt,"
     " CASE WHEN s.lu IS NULL THEN NULL WHEN a.per > 0 THEN GREATEST(-1, LEAST(a.most,"
     " floor((s.lu - s.spent_usd - s.reserved_usd - a.prompt_usd) / a.per + 1e-9)))::bigint"
@@ -108,12 +110,15 @@ _DECIDE: Final = (
     " FROM fit f CROSS JOIN a LEFT JOIN granted g ON true"
     " WHERE (b.scope, b.scope_key, b.period) = (f.scope, f.scope_key, f.period)"
     # The decision as the grant gives it (_grant): each row's state and limits as written, the
-    # output and the reservation (NULL: refused), whether the row's room refused the least output.
+    # output and the reservation (NULL: refused), whether the row's room refused the least output;
+    # a budget that refuses new turns without room for the least output fails the statement
+    # (budget_writes.raise_spent's rule: the turn would end at its first step, unsent).
     " RETURNING b.scope, b.scope_key, b.period, b.spent_tokens, b.spent_usd, b.reserved_tokens,"
     " b.reserved_usd, b.limit_tokens, b.limit_usd, g.output, a.prompt + g.output,"
-    " a.prompt_usd + g.output * a.per, f.room < a.least"
+    " a.prompt_usd + g.output * a.per, f.room < a.least,"
+    f" CASE WHEN f.refuses AND f.room < a.least THEN ('{_SPENT} ' || b.scope)::int END"
 )
-_LIMIT_ROW: Final = "(%s::text, %s::text, %s::text, %s::bigint, %s::float8)"
+_LIMIT_ROW: Final = "(%s::text, %s::text, %s::text, %s::bigint, %s::float8, %s::bool)"
 
 
 @functools.lru_cache(maxsize=16)
@@ -179,7 +184,8 @@ class SpentBudgets:
 
 def refused_by_budget(error: psycopg.Error) -> bool:
     """True when ``error`` failed a flight because a budget that refuses new turns is spent
-    (:data:`_TAKE`'s or :data:`_CHECK`'s cast)."""
+    (:data:`_TAKE`'s or :data:`_CHECK`'s cast) or has no room for the first step
+    (:data:`_DECIDE`'s)."""
     return isinstance(error, psycopg.errors.InvalidTextRepresentation) and _SPENT in str(error)
 
 
@@ -189,8 +195,8 @@ async def send_admission_budget(
     """Send a new turn's budget statements in the flight on ``conn`` (pipeline mode, nothing
     waited for): the first reservation ``budget`` (None: none carried; its ``ask`` given) and
     the check of ``refuse``. Returns what gives the grant (None without ``budget``) once the
-    flight's ``COMMIT`` is in. A spent budget of ``refuse`` fails the transaction
-    (:func:`refused_by_budget` tells that error)."""
+    flight's ``COMMIT`` is in. A budget of ``refuse`` spent, or without room for the first
+    step's least output, fails the transaction (:func:`refused_by_budget` tells that error)."""
     charged = {limits.key: limits for limits in budget.budgets} if budget is not None else {}
     refusing = {limits.key: limits for limits in refuse}
     unchecked = [limits for key, limits in refusing.items() if key not in charged]
@@ -210,7 +216,7 @@ async def send_admission_budget(
         float(ask.usd_per_output_token),
     ]
     for limits in ordered:
-        params.extend((*limits.key, _tokens(limits.tokens), _usd(limits.usd)))
+        params.extend((*limits.key, _tokens(limits.tokens), _usd(limits.usd), limits.key in refusing))
     params.extend((budget.request_id, budget.conversation_id, lease.epoch if lease is not None else 0))
     decided = await conn.execute(_decide(len(ordered)), params)
 

@@ -27,7 +27,14 @@ from turnwire_server.store.errors import StoreError
 from turnwire_server.store.postgres import budget_flight, db, turn_queue
 from turnwire_server.store.postgres.connection import SINGLE_COMMITS, PostgresConnection
 from turnwire_server.store.postgres.db import DIALECT, Conn, run_program
-from turnwire_server.store.records import BudgetCharge, BudgetGrant, BudgetLimits, TurnAdmission, TurnRecord
+from turnwire_server.store.records import (
+    BudgetAsk,
+    BudgetCharge,
+    BudgetGrant,
+    BudgetLimits,
+    TurnAdmission,
+    TurnRecord,
+)
 
 __all__ = ["OneFlight"]
 
@@ -80,13 +87,14 @@ class OneFlight(PostgresConnection):
         (:mod:`.budget_flight`). Returns the ticket and what was read; None when the transaction
         failed (nothing stored, no ticket taken: the caller takes the waiting path, which also
         reports a database that is down). Raises :class:`BudgetSpent` (nothing stored) when a
-        budget of ``refuse`` is spent: the flight failed on it, or, for a budget that failed a
-        flight lately (:class:`~.budget_flight.SpentBudgets`), a read before any flight says so
-        (:meth:`_refuse_spent`). A connection lost on the way leaves the ``COMMIT``'s outcome
-        unknown: :meth:`_own_start` tells it."""
+        budget of ``refuse`` is spent or has no room for the first step: the flight failed on
+        it, or, for a budget that failed a flight lately (:class:`~.budget_flight.SpentBudgets`),
+        a read before any flight says so (:meth:`_refuse_spent`). A connection lost on the way
+        leaves the ``COMMIT``'s outcome unknown: :meth:`_own_start` tells it."""
         conversation_id = turn.conversation_id
+        ask = budget.ask if budget is not None else None
         if refuse and self._spent_budgets.spent(refuse):
-            await self._refuse_spent(refuse)
+            await self._refuse_spent(refuse, ask)
         pool = self._require_pool("admit_turn")
         try:
             async with pool.connection() as conn:
@@ -114,7 +122,7 @@ class OneFlight(PostgresConnection):
                     await db.discard(conn)
                     if budget_flight.refused_by_budget(error):
                         self._spent_budgets.note(refuse)
-                        await self._refuse_spent(refuse)
+                        await self._refuse_spent(refuse, ask)
                         return None  # settled since: the waiting path checks again
                     if not self._is_gone(error, error.sqlstate):
                         return None  # refused by the server: rolled back
@@ -134,14 +142,15 @@ class OneFlight(PostgresConnection):
         sent = (backend, time.perf_counter() - started)
         return await self._own_start(turn, read_compaction, carried=budget is not None, sent=sent)
 
-    async def _refuse_spent(self, refuse: Sequence[BudgetLimits]) -> None:
-        """Raise :class:`BudgetSpent` for the first budget of ``refuse`` that is spent, read now
-        (the rule of ``budget_writes.refusal_check``, which the waiting path's admission applies in
-        its transaction); else forget them as spent (a settlement or a new limit made room) and
+    async def _refuse_spent(self, refuse: Sequence[BudgetLimits], ask: BudgetAsk | None) -> None:
+        """Raise :class:`BudgetSpent` for the first budget of ``refuse`` that is spent, or without
+        room for the first step's reservation ``ask`` (None: none carried), read now (the rule of
+        ``budget_writes.raise_spent``, which the waiting path's admission applies in its
+        transaction); else forget them as spent (a settlement or a new limit made room) and
         return. The refusal a flight failed on is said here, before anything waits in line, as
         when the flight's own check raised it: the call is refused before the engine's ``start``
         returns (docs/cost.md, "When a budget is exhausted")."""
-        budget_writes.raise_spent(refuse, await self.budget_spends([limits.key for limits in refuse]))
+        budget_writes.raise_spent(refuse, await self.budget_spends([limits.key for limits in refuse]), ask)
         self._spent_budgets.forget(refuse)
 
     async def _own_start(
