@@ -248,19 +248,30 @@ async def check_providers(settings: Settings) -> None:
 
 
 def check_models(providers: ProviderRegistry, settings: Settings) -> None:
-    """:func:`_check_model` of ``default_model`` and of every model ``fallback.models`` names."""
-    _check_model(providers, settings.default_model, "default_model")
+    """:func:`_check_model` of ``default_model`` and of every model ``fallback.models`` names.
+    A ``default_model`` whose provider is not configured is also told to name a configured one
+    (and, when it was left unset, that it is the embedded ``scripted:demo``)."""
+    field = "default_model"
+    if field not in settings.model_fields_set:
+        field = f"default_model (not set, so the embedded {settings.default_model})"
+    configured = sorted(providers.providers)
+    other = ""
+    if configured and settings.default_model.partition(":")[0] not in providers.providers:
+        example = "scripted:demo" if "scripted" in configured else f"{configured[0]}:<model>"
+        other = f"; or set default_model to a model of a configured provider (for example {example})"
+    _check_model(providers, settings.default_model, field, other)
     for model, fallbacks in settings.fallback.models.items():
         for model_id in (model, *fallbacks):
             _check_model(providers, model_id, f"fallback.models[{model!r}]")
 
 
-def _check_model(providers: ProviderRegistry, model: str, field: str) -> None:
-    """Raise :class:`StartupError` naming ``field`` when no configured provider serves ``model``."""
+def _check_model(providers: ProviderRegistry, model: str, field: str, fix: str = "") -> None:
+    """Raise :class:`StartupError` naming ``field`` (and ending with ``fix``) when no configured
+    provider serves ``model``."""
     try:
         providers.resolve(model)
     except UnknownModel as error:
-        raise StartupError(f"{field}: {error}") from error
+        raise StartupError(f"{field}: {error}{fix}") from error
 
 
 async def configure_session(

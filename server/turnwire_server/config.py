@@ -46,6 +46,7 @@ from turnwire_server.engine.settings import (
 )
 from turnwire_server.event_loop import EventLoopChoice
 from turnwire_server.http.settings import HttpSettings
+from turnwire_server.listen_check import host_port
 from turnwire_server.providers.settings import (
     PROVIDER_TYPES,
     ProviderSettings,
@@ -168,7 +169,7 @@ class MetricsSettings(ConfigSection):
     @field_validator("listen")
     @classmethod
     def _host_port(cls, value: str) -> str:
-        return _host_port(value, "127.0.0.1:9464")
+        return host_port(value, "127.0.0.1:9464")
 
 
 class MemorySettings(ConfigSection):
@@ -199,13 +200,6 @@ def _model_id(value: str) -> str:
     """``value`` when it is a model id (``provider:model``); raises :class:`ValueError`."""
     if ":" not in value:
         raise ValueError("must be provider:model, for example scripted:demo")
-    return value
-
-
-def _host_port(value: str, example: str) -> str:
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"must be HOST:PORT, for example {example}")
     return value
 
 
@@ -260,7 +254,7 @@ class Settings(BaseSettings):
     @field_validator("listen")
     @classmethod
     def _host_port(cls, value: str) -> str:
-        return _host_port(value, "127.0.0.1:50051")
+        return host_port(value, "127.0.0.1:50051")
 
     @field_validator("subagents")
     @classmethod

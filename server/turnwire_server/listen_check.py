@@ -18,6 +18,19 @@ class ListenAddressError(Exception):
     """The address cannot be listened on; the message says why and what to do."""
 
 
+def host_port(value: str, example: str) -> str:
+    """``value`` when it is a listen address: ``HOST:PORT`` (``[v6]:PORT``) with a port of 1-65535,
+    or 0 for any free port. Raises :class:`ValueError` saying which part is wrong, with ``example``
+    (for the configuration's validators: ``listen``, ``http.listen``, ``metrics.listen``)."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port:
+        raise ValueError(f"must be HOST:PORT, for example {example}")
+    if not port.isdigit() or int(port) > 65535:
+        wrong = f"port {port} is out of range" if port.isdigit() else f"port {port!r} is not a number"
+        raise ValueError(f"{wrong}: use a port of 1-65535, or 0 for any free port (for example {example})")
+    return value
+
+
 def check_listen_address(listen: str) -> None:
     """Bind and release every address ``listen`` (``HOST:PORT``; ``[v6]:PORT``) resolves to.
 

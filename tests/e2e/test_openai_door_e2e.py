@@ -28,7 +28,7 @@ from pydantic import TypeAdapter
 from support.endless import endless_step
 from support.hooks import pythonpath_env
 from support.http_sidecar import http_base, http_sidecar_config
-from support.sidecar import SidecarProcess, running_sidecar
+from support.sidecar import SidecarFactory, SidecarProcess, running_sidecar
 from support.tokens import new_token
 from support.waiting import wait_until
 
@@ -264,6 +264,51 @@ async def test_a_grpc_turn_is_read_and_cancelled_over_this_door(
     assert seen[-1]["type"] == "response.incomplete" and seen[-1]["response"]["status"] == "cancelled"
     async for _ in turn:
         pass
+
+
+async def test_retrieving_an_unknown_response_says_no_such_response_exists(
+    client: openai.AsyncOpenAI,
+) -> None:
+    """Fresh-user trial: a plain retrieve of an id nothing holds was told "no turn with request_id
+    … has a stream to resume", wording for resuming a stream; a streamed read keeps it."""
+    with pytest.raises(openai.NotFoundError) as plain:
+        await client.responses.retrieve("resp-doesnotexist")
+    assert isinstance(plain.value.body, dict)
+    assert plain.value.body["message"] == (
+        "no response with id 'resp-doesnotexist': a response id is the id of a response this door "
+        "created (resp-<hex>, from POST /v1/responses) or the request id of a turn started over gRPC, "
+        "Connect or another door; a response whose conversation was deleted is not found either"
+    )
+    assert plain.value.body["type"] == "not_found_error" and plain.value.body["code"] == "turn_not_found"
+    with pytest.raises(openai.NotFoundError) as streamed:
+        await client.responses.retrieve("resp-doesnotexist", stream=True)
+    assert isinstance(streamed.value.body, dict)
+    assert (
+        "no turn with request_id 'resp-doesnotexist' has a stream to resume" in streamed.value.body["message"]
+    )
+
+
+async def test_retrieving_a_response_past_the_event_retention_says_so(
+    sidecar_factory: SidecarFactory, tmp_path: Path
+) -> None:
+    """A response whose turn ended longer ago than ``durability.event_retention_seconds`` exists:
+    its 404 says its events are gone and where the reply is, not that there is no such response."""
+    config = http_sidecar_config(tmp_path, {TOKEN_A: ("alice", "tenant-a")}, SCRIPTS)
+    config["durability"] = {"event_retention_seconds": 0.5}
+    sidecar = await sidecar_factory(config).start()
+    async with openai_client(sidecar) as client:
+        done = await client.responses.create(input="hi", conversation="oa-expiring")
+
+        async def refused() -> str | None:
+            try:
+                await client.responses.retrieve(done.id)
+            except openai.NotFoundError as error:
+                assert isinstance(error.body, dict)
+                return str(error.body["message"])
+            return None
+
+        message = await wait_until(refused, timeout=10, what="the response's events to expire")
+    assert message is not None and "event_retention_seconds" in message and "GetConversation" in message
 
 
 async def test_tenants_and_tokens(sidecar: SidecarProcess, client: openai.AsyncOpenAI) -> None:

@@ -121,7 +121,20 @@ async def test_a_default_model_of_an_unconfigured_well_known_provider_says_what_
 ) -> None:
     _, stderr = await _serve(tmp_path, {"default_model": "openai:gpt-4o"})
     assert "names provider 'openai', which is not configured" in stderr
-    assert "add providers: {openai: {type: openai, api_key_env: OPENAI_API_KEY}}" in stderr
+    assert "add openai: {type: openai, api_key_env: OPENAI_API_KEY} under providers:" in stderr
+    assert "keep scripted listed there too (a providers: section replaces the embedded providers" in stderr
+
+
+async def test_a_providers_section_without_scripted_says_it_replaced_the_offline_model(
+    tmp_path: Path,
+) -> None:
+    """Fresh-user trial: a config whose providers: listed only openai refused to start on the
+    default_model it never set, without saying that the section replaced scripted."""
+    config = {"providers": {"openai": {"type": "openai", "api_key_env": "TW_TEST_OPENAI_KEY"}}}
+    _, stderr = await _serve(tmp_path, config, env={"TW_TEST_OPENAI_KEY": "sk-test"})
+    assert "default_model (not set, so the embedded scripted:demo)" in stderr
+    assert "list scripted: {} in it to keep the offline model" in stderr
+    assert "or set default_model to a model of a configured provider (for example openai:<model>)" in stderr
 
 
 async def test_a_second_serve_on_the_same_config_names_the_grpc_port(tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ from typing import Any
 import orjson
 from google.protobuf import struct_pb2
 from google.protobuf.message import Message
+from google.rpc import error_details_pb2, status_pb2
 from sse_starlette import EventSourceResponse
 from sse_starlette.sse import AppStatus
 from starlette.requests import Request
@@ -357,7 +358,9 @@ class ResponsesDoor:
         self, response_id: str, call: DoorCallInfo, *, stream: bool, after: int, ended: CallEnded
     ) -> Response:
         """A response whose turn stream ``ResumeTurn`` does not find: a submission (queued, cancelled
-        before it ran, or started since), read with ``WatchSubmission``; else ``ended`` (404)."""
+        before it ran, or started since), read with ``WatchSubmission``; else ``ended`` (404), whose
+        message, about a stream to resume, is kept for ``stream`` and for events expired; a plain
+        retrieve of an id nothing holds is told that no such response exists."""
         try:
             found = await self.calls.unary(
                 _SERVICE + "GetSubmission",
@@ -365,7 +368,19 @@ class ResponsesDoor:
                 call,
             )
         except CallEnded:
-            return ended_response(ended, param_names=_PARAMS)
+            if stream or _events_expired(ended):
+                return ended_response(ended, param_names=_PARAMS)
+            status, body = ended_error(ended, param_names=_PARAMS)
+            return error_response(
+                status,
+                f"no response with id {response_id!r}: a response id is the id of a response this "
+                "door created (resp-<hex>, from POST /v1/responses) or the request id of a turn "
+                "started over gRPC, Connect or another door; a response whose conversation was "
+                "deleted is not found either",
+                body["error"]["type"],
+                body["error"]["param"],
+                body["error"]["code"],
+            )
         submission = found.submission  # type: ignore[attr-defined]
         log = ResponseLog(response_id, status="queued", echo={"background": True})
         log.response["conversation"] = {"id": submission.conversation_id}
@@ -399,6 +414,18 @@ class ResponsesDoor:
             except CallEnded as refused:
                 return ended_response(refused, param_names=_PARAMS)
         return await self._read(response_id, call, stream=False)
+
+
+def _events_expired(ended: CallEnded) -> bool:
+    """Whether ``ResumeTurn``'s NOT_FOUND says the turn's events are past their retention (the
+    ``expired`` metadata of its ``google.rpc.ErrorInfo``) rather than that no such turn exists."""
+    for key, value in ended.trailing_metadata:
+        if key == "grpc-status-details-bin":
+            for detail in status_pb2.Status.FromString(value).details:
+                info = error_details_pb2.ErrorInfo()
+                if detail.Unpack(info):
+                    return bool(info.metadata.get("expired") == "true")
+    return False
 
 
 def _frames(events: list[dict[str, Any]], after: int) -> bytes:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator, model_validator
 
 from turnwire_server.config_section import ConfigSection
+from turnwire_server.listen_check import host_port
 
 PROTOCOL_REQUEST_HEADERS: tuple[str, ...] = (
     "authorization",
@@ -91,12 +92,7 @@ class HttpSettings(ConfigSection):
     @field_validator("listen")
     @classmethod
     def _host_port(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        host, sep, port = value.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-            raise ValueError("must be HOST:PORT, for example 127.0.0.1:8080")
-        return value
+        return None if value is None else host_port(value, "127.0.0.1:8080")
 
 
 __all__ = ["PROTOCOL_REQUEST_HEADERS", "PROTOCOL_RESPONSE_HEADERS", "CorsSettings", "HttpSettings"]

@@ -53,15 +53,9 @@ class ProviderRegistry:
             )
         provider = self.providers.get(provider_name)
         if provider is None:
-            hint = ""
-            if provider_name in KEY_VARIABLES:
-                hint = (
-                    f"; to use it, add providers: {{{provider_name}: {{type: {provider_name}, "
-                    f"api_key_env: {KEY_VARIABLES[provider_name]}}}}} (docs/providers.md)"
-                )
             raise UnknownModel(
                 f"model {model_id!r} names provider {provider_name!r}, which is not configured; "
-                f"configured: {sorted(self.providers)}{hint}"
+                f"configured: {sorted(self.providers)}{self._unconfigured_hint(provider_name)}"
             )
         if not provider.has_model(model):
             raise UnknownModel(
@@ -70,6 +64,29 @@ class ProviderRegistry:
                 + " (docs/providers.md)"
             )
         return provider, model
+
+    def _unconfigured_hint(self, provider_name: str) -> str:
+        """What to add for a model of ``provider_name``, which is not configured: the entry of a
+        well-known vendor, and that a ``providers:`` section replaces the embedded providers
+        (``scripted`` alone), so the offline model needs ``scripted`` listed in it (a fresh-user
+        trial wrote ``providers:`` with only ``openai`` and lost ``scripted:demo``). "" otherwise."""
+        if provider_name == "scripted":
+            return (
+                "; a providers: section replaces the embedded providers (scripted alone), so list "
+                "scripted: {} in it to keep the offline model (docs/providers.md)"
+            )
+        if provider_name not in KEY_VARIABLES:
+            return ""
+        add = (
+            f"; to use it, add {provider_name}: {{type: {provider_name}, "
+            f"api_key_env: {KEY_VARIABLES[provider_name]}}} under providers:"
+        )
+        if "scripted" not in self.providers:
+            return f"{add} (docs/providers.md)"
+        return (
+            f"{add} and keep scripted listed there too (a providers: section replaces the embedded "
+            "providers; docs/providers.md)"
+        )
 
     async def aclose(self) -> None:
         """Close every provider."""
