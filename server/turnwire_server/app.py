@@ -323,7 +323,8 @@ def _metrics_endpoint(settings: Settings) -> MetricsEndpoint | None:
         endpoint = start_metrics_endpoint(settings.metrics.listen)
     except (OSError, ValueError) as error:
         raise StartupError(f"metrics.listen: cannot listen on {settings.metrics.listen}: {error}") from error
-    log.info("metrics on http://%s/metrics", settings.metrics.listen)
+    host = settings.metrics.listen.rpartition(":")[0]
+    log.info("metrics on http://%s:%d/metrics", host, endpoint.port)  # the bound port (0: any free)
     return endpoint
 
 

@@ -5,6 +5,7 @@ parser, counts exactly what happened (docs/operate/metrics.md)."""
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import urllib.error
 import urllib.request
@@ -185,6 +186,15 @@ async def test_the_endpoint_is_off_unless_enabled(sidecar_factory: SidecarFactor
     await sidecar_factory(config=config).start()
     with pytest.raises(urllib.error.URLError):
         await asyncio.to_thread(scrape, port)
+
+
+async def test_port_zero_logs_the_port_it_got(sidecar_factory: SidecarFactory) -> None:
+    """``metrics.listen`` with port 0 (any free port): the start's log names the port bound, which
+    serves the scrape (it said ``127.0.0.1:0``, which no scraper can reach)."""
+    sidecar = await sidecar_factory(config={"metrics": {"enabled": True, "listen": "127.0.0.1:0"}}).start()
+    (port,) = re.findall(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", sidecar.log_text())
+    assert int(port) > 0
+    assert any(name.startswith("turnwire_") for name, _ in await asyncio.to_thread(scrape, int(port)))
 
 
 async def test_a_taken_metrics_port_stops_the_start(sidecar_factory: SidecarFactory) -> None:
