@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 
 import grpc
 from google.protobuf.message import Message
-from google.rpc import status_pb2
+from google.rpc import error_details_pb2, status_pb2
 
 from turnwire_client.metadata import EVENT_BATCHES_METADATA
 
@@ -113,6 +113,15 @@ class CallEnded(grpc.aio.AbortError):  # type: ignore[misc]  # grpc is untyped
             if key == STATUS_DETAILS_KEY:
                 return tuple(status_pb2.Status.FromString(value).details)
         return ()
+
+    def error_info(self) -> error_details_pb2.ErrorInfo | None:
+        """The status's ``google.rpc.ErrorInfo`` (its reason and metadata); None without one."""
+        for detail in self.status_details():
+            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                info = error_details_pb2.ErrorInfo()
+                detail.Unpack(info)
+                return info
+        return None
 
 
 class _CallDetails(NamedTuple):

@@ -31,7 +31,6 @@ from typing import Any
 import orjson
 from google.protobuf import struct_pb2
 from google.protobuf.message import Message
-from google.rpc import error_details_pb2, status_pb2
 from sse_starlette import EventSourceResponse
 from sse_starlette.sse import AppStatus
 from starlette.requests import Request
@@ -419,13 +418,8 @@ class ResponsesDoor:
 def _events_expired(ended: CallEnded) -> bool:
     """Whether ``ResumeTurn``'s NOT_FOUND says the turn's events are past their retention (the
     ``expired`` metadata of its ``google.rpc.ErrorInfo``) rather than that no such turn exists."""
-    for key, value in ended.trailing_metadata:
-        if key == "grpc-status-details-bin":
-            for detail in status_pb2.Status.FromString(value).details:
-                info = error_details_pb2.ErrorInfo()
-                if detail.Unpack(info):
-                    return bool(info.metadata.get("expired") == "true")
-    return False
+    info = ended.error_info()
+    return info is not None and info.metadata.get("expired") == "true"
 
 
 def _frames(events: list[dict[str, Any]], after: int) -> bytes:

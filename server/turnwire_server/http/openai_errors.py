@@ -64,13 +64,11 @@ def bad_request(message: str, param: str | None, code: str = "invalid_value") ->
 
 def _details(ended: CallEnded) -> tuple[str | None, str | None]:
     """The ErrorInfo reason and the first BadRequest field of the call's status details."""
-    reason = field = None
+    info = ended.error_info()
+    reason = info.reason if info is not None else None
+    field = None
     for detail in ended.status_details():
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            info = error_details_pb2.ErrorInfo()
-            detail.Unpack(info)
-            reason = info.reason
-        elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR) and field is None:
+        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR) and field is None:
             bad = error_details_pb2.BadRequest()
             detail.Unpack(bad)
             if bad.field_violations:

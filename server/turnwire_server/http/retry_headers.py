@@ -47,16 +47,13 @@ def retry_headers(ended: CallEnded) -> dict[str, str]:
     ``google.rpc`` details: ``{}`` when it carries neither a RetryInfo delay nor a reason that
     rules a retry out."""
     delay: float | None = None
-    reason = ""
     for detail in ended.status_details():
         if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
             info = error_details_pb2.RetryInfo()
             detail.Unpack(info)
             delay = max(0.0, info.retry_delay.ToTimedelta().total_seconds())
-        elif detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            error = error_details_pb2.ErrorInfo()
-            detail.Unpack(error)
-            reason = error.reason
+    error = ended.error_info()
+    reason = error.reason if error is not None else ""
     headers: dict[str, str] = {}
     if delay is not None:
         headers["retry-after"] = str(math.ceil(delay))
