@@ -100,6 +100,8 @@ async def store_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Async
     """This test's database on each store backend in turn (``sqlite``, ``postgres``): see
     ``support.stores``. PostgreSQL tests fail (never skip) when no server is reachable."""
     if request.param == "sqlite":
+        # A folder of its own (beside a test's other files); the store never creates one.
+        (tmp_path / "db").mkdir()
         backend = StoreBackend("sqlite", path=tmp_path / "db" / "turnwire.db")
         try:
             yield backend

@@ -149,13 +149,15 @@ async def test_the_charges_ride_the_steps_checkpoint_and_the_turns_final_write(
 async def test_a_new_turn_on_a_spent_conversation_is_refused_before_anything_is_stored(
     make_engine: EngineFactory,
 ) -> None:
+    # It overspends by 100: its prompt is far more than estimated (its output cannot be more than
+    # the 100 it was sent with, the scripted model caps what it reports as a real one does).
     h = await make_engine(
         scripts={
-            "main": [ScriptStep(text="Long.", usage=ScriptedUsage(input_tokens=900, output_tokens=200))]
+            "main": [ScriptStep(text="Long.", usage=ScriptedUsage(input_tokens=1_000, output_tokens=100))]
         },
         budgets=_budgets(conversation={"tokens": 1_000}, assumed_max_output_tokens=100),
     )
-    assert end_of(await h.run("hi")).status == event_pb2.TURN_STATUS_COMPLETED  # it overspent by 100
+    assert end_of(await h.run("hi")).status == event_pb2.TURN_STATUS_COMPLETED
     stored = len(await h.store.load_messages(CONV))
     with pytest.raises(BudgetRefused) as refused:
         await h.start("again")

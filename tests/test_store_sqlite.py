@@ -53,6 +53,7 @@ def _text(
 
 @pytest.fixture
 async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    (tmp_path / "db").mkdir()  # the store never creates its folder
     s = SqliteStore(tmp_path / "db" / "turnwire.db")
     await s.open()
     yield s

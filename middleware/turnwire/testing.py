@@ -17,8 +17,17 @@ repeat says so: ``repeat: true`` on its last step.
 
 A step with ``until_cancelled: true`` streams its text again and again, one
 delta every ``delay_ms``, and never finishes: the turn runs until it is
-cancelled (or a deadline or a stall timeout ends it). Tests that cancel a turn
-mid-reply use it instead of a long text they hope outlasts the cancel.
+cancelled (or a deadline or a stall timeout ends it, or its output limit, below).
+Tests that cancel a turn mid-reply use it instead of a long text they hope
+outlasts the cancel.
+
+A request with ``settings.max_output_tokens`` set (a budget's clamp, a hook's or
+the client's setting) is held to it as a real model is: the step's output stops
+at that many tokens (words, and 8 a tool call: :mod:`turnwire.scripted_limit`),
+nothing after the cut is streamed (no later text, sources, files or tool calls),
+the step finishes ``length`` (raw ``length``), and its usage reports no more
+output tokens than the limit (a scripted ``usage.output_tokens`` is capped too).
+Without a limit a step plays as scripted.
 
 The built-in ``demo`` script is rule-based instead: it calls a demo tool when
 the user asks for something one answers (the time, the weather, arithmetic),
@@ -34,7 +43,7 @@ import asyncio
 import dataclasses
 import itertools
 import re
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from typing import Any, Literal, Protocol
 
 import orjson
@@ -50,6 +59,7 @@ from turnwire.providers import (
     transcript_call_ids,
     unique_id,
 )
+from turnwire.scripted_limit import CUT_FINISH_REASON, TOOL_CALL_TOKENS, OutputLimit
 from turnwire.scripted_parts import ScriptedFile, ScriptedSource, scripted_parts
 from turnwire.types import (
     FinishReason,
@@ -129,7 +139,8 @@ class ScriptStep(BaseModel):
 
     ``until_cancelled``: after the text's deltas, stream them again, without end (each after
     ``delay_ms``, which must be above 0; a text ending in a space keeps the last and first words
-    apart); the step never finishes, so it takes no ``tool_calls``. ``repeat`` (only on a
+    apart); the step never finishes (unless the request's ``max_output_tokens`` cuts it, the module
+    docstring), so it takes no ``tool_calls``. ``repeat`` (only on a
     script's last step): this step also plays for every later step of the turn, which a strict
     provider otherwise refuses (see the module docstring).
 
@@ -371,6 +382,13 @@ def _describe_result(tool_name: str, value: Any) -> str:
     return f"The {tool_name} tool returned {orjson.dumps(value).decode()}."
 
 
+def _first_and_rest(pieces: Iterator[str]) -> Iterator[str] | None:
+    """``pieces`` again, or None when there are none (a block cut before its first word is never
+    opened)."""
+    first = next(pieces, None)
+    return None if first is None else itertools.chain((first,), pieces)
+
+
 def _split(text: str, chunk_size: int) -> list[str]:
     if not text:
         return []
@@ -446,7 +464,8 @@ class ScriptedProvider:
     told. ``context_window`` (tokens): a request whose input (estimated as
     :class:`turnwire.compaction.EstimateTokens` does) is larger fails with
     :func:`overflow_error` before any output, and one whose input plus ``max_output_tokens`` (when
-    set) is larger, with :func:`output_overflow_error`. ``strict``: a call past a script's last step
+    set) is larger, with :func:`output_overflow_error`. A step is cut at ``max_output_tokens``
+    when the request sets it (the module docstring). ``strict``: a call past a script's last step
     (unless that step has ``repeat``) raises :class:`UnexpectedModelCall` and is appended to
     :attr:`unexpected_calls`, which a test harness checks at teardown. Raises
     :class:`ProviderError` (status 404) for an unknown script name, and whatever error a step
@@ -535,29 +554,35 @@ class ScriptedProvider:
                 raise output_overflow_error(input_tokens, reserved, self.context_window)
         # As providers do at stream start: the input is counted before any output.
         yield UsageUpdate(Usage(input_tokens=input_tokens, total_tokens=input_tokens))
-        if step.reasoning:
+        limit = OutputLimit(request.settings.max_output_tokens)
+        reasoning = _first_and_rest(limit.words(_split(step.reasoning, step.chunk_size)))
+        if reasoning is not None:
             if paced:
                 await pace()
             yield ReasoningStart(f"{prefix}-r")
-            for piece in _split(step.reasoning, step.chunk_size):
+            for piece in reasoning:
                 if paced:
                     await pace()
                 yield ReasoningDelta(f"{prefix}-r", piece)
             yield ReasoningEnd(f"{prefix}-r", signature=step.reasoning_signature.encode())
-        if step.text:
+        text = _first_and_rest(limit.words(_split(step.text, step.chunk_size), repeat=step.until_cancelled))
+        if text is not None:
             if paced:
                 await pace()
             yield TextStart(f"{prefix}-t")
-            pieces = _split(step.text, step.chunk_size)
-            for piece in itertools.cycle(pieces) if step.until_cancelled else pieces:
+            for piece in text:
                 if paced:
                     await pace()
                 yield TextDelta(f"{prefix}-t", piece)
             yield TextEnd(f"{prefix}-t")
-        for chunk in scripted_parts(step.sources, step.files, prefix, f"{prefix}-t" if step.text else ""):
-            yield chunk
+        if not limit.cut:
+            text_id = f"{prefix}-t" if text is not None else ""
+            for chunk in scripted_parts(step.sources, step.files, prefix, text_id):
+                yield chunk
         taken = transcript_call_ids(request.messages) if step.tool_calls else set()
         for index, call in enumerate(step.tool_calls):
+            if not limit.tool_call():
+                break  # cut off: a model stopped at its limit emits no later call
             call_id = call.id or unique_id(f"call_{request.step_number}_{index}", taken)
             raw = call.raw_input if call.raw_input is not None else dumps(call.input)
             if paced:
@@ -573,24 +598,37 @@ class ScriptedProvider:
             await pace()
         output_tokens = step.usage.output_tokens
         if output_tokens is None:
-            output_tokens = len((step.text + step.reasoning).split()) + 8 * len(step.tool_calls)
-        finish = (
-            FinishReason(step.finish_reason)
-            if step.finish_reason
-            else (
-                FinishReason.TOOL_CALLS
-                if any(not call.provider_executed for call in step.tool_calls)
-                else FinishReason.STOP
+            # A cut step counts what it streamed; the others keep their estimate (never above that).
+            output_tokens = (
+                limit.used
+                if limit.cut
+                else len((step.text + step.reasoning).split()) + TOOL_CALL_TOKENS * len(step.tool_calls)
             )
-        )
+        output_tokens = limit.cap(output_tokens)
+        reasoning_tokens = step.usage.reasoning_tokens
+        if limit.max_output_tokens is not None:
+            reasoning_tokens = min(reasoning_tokens, output_tokens)  # a part of the output
+        if limit.cut:
+            finish, raw_finish = FinishReason.LENGTH, CUT_FINISH_REASON
+        else:
+            finish = (
+                FinishReason(step.finish_reason)
+                if step.finish_reason
+                else (
+                    FinishReason.TOOL_CALLS
+                    if any(not call.provider_executed for call in step.tool_calls)
+                    else FinishReason.STOP
+                )
+            )
+            raw_finish = step.raw_finish_reason or finish
         yield FinishStep(
             finish_reason=finish,
-            raw_finish_reason=step.raw_finish_reason or finish,
+            raw_finish_reason=raw_finish,
             usage=Usage(
                 input_tokens=input_tokens,
                 output_tokens=output_tokens,
                 total_tokens=input_tokens + output_tokens,
-                reasoning_tokens=step.usage.reasoning_tokens,
+                reasoning_tokens=reasoning_tokens,
                 cached_input_tokens=step.usage.cached_input_tokens,
             ),
             response_id=f"scripted-{request.step_number}",

@@ -56,6 +56,7 @@ from turnwire_server.providers.settings import (
 from turnwire_server.redaction import secret
 from turnwire_server.remote_hooks.settings import RemoteHookSettings
 from turnwire_server.store.postgres_url import is_postgres_url
+from turnwire_server.store.sqlite_location import SQLITE_PREFIX, url_missing_directory
 from turnwire_server.tools.settings import ToolsSettings
 from turnwire_server.tracing_settings import TracingSettings
 from turnwire_server.webhooks.settings import WebhookSettings
@@ -64,6 +65,9 @@ from turnwire_server.webhooks.settings import WebhookSettings
 class StoreSettings(ConfigSection):
     """Where conversations live: ``sqlite:///PATH`` (relative to the working directory) or
     ``postgresql://user[:password]@host[:port]/database`` (also ``postgres://``).
+
+    An SQLite path's directory must exist (the store creates its file, never a directory: a
+    mistyped path is refused, not served as a new empty store; :mod:`.store.sqlite_location`).
 
     For PostgreSQL the password comes from the URL, else from the environment variable
     ``password_env`` names, else libpq's ``PGPASSWORD``; it is never logged or shown in an
@@ -82,11 +86,13 @@ class StoreSettings(ConfigSection):
     @field_validator("url")
     @classmethod
     def _known_scheme(cls, value: str) -> str:
-        if not value.startswith("sqlite:///") and not is_postgres_url(value):
+        if not value.startswith(SQLITE_PREFIX) and not is_postgres_url(value):
             raise ValueError(
                 "must be sqlite:///PATH (for example sqlite:///turnwire.db) or "
                 "postgresql://user@host:port/database"
             )
+        if (missing := url_missing_directory(value)) is not None:
+            raise ValueError(missing)
         return value
 
 

@@ -3,7 +3,8 @@ next step has no room in the tenant's daily budget ends ``TURN_STATUS_ERROR`` wi
 ``BUDGET_EXHAUSTED`` (its first step's reply stored); the next turn is refused before anything
 is stored with ``RESOURCE_EXHAUSTED``, ``QuotaFailure`` naming the budget, ``ErrorInfo`` and a
 ``RetryInfo`` delay until midnight UTC; an accepted submission meeting it runs and ends ``error``
-with that reason; the metrics count them and show the day's spend. A principal's daily budget
+with that reason; the metrics count them and show the day's spend. A step clamped by its budget
+stops at the clamp (the scripted model as a real one). A principal's daily budget
 holds for its own calls and submissions, not another principal's of the same tenant. A step that
 falls back to another model is reserved again at that model's prices."""
 
@@ -119,6 +120,33 @@ async def test_a_turn_over_budget_ends_with_the_reason_and_the_next_is_refused(
     # The turn ended, the next refused, the submission's turn ended.
     assert samples[("turnwire_budget_exhausted_total", day)] == 3
     assert samples[("turnwire_budget_spent_tokens", day)] == 1_240
+
+
+async def test_a_clamped_steps_output_stays_within_the_clamp(sidecar_factory: SidecarFactory) -> None:
+    """Fresh-user trial: the scripted model ignored ``max_output_tokens``, so a step its budget
+    clamped still streamed and reported its whole script, and the clamp could not be seen offline.
+    Now the clamped step stops at the clamp with finish ``length``, and what it reports (its prompt
+    plus its output) fits the turn's 40 tokens; the metric counts the clamp."""
+    metrics_port = free_port()
+    words = [f"w{i}" for i in range(60)]
+    config = {
+        "default_model": "scripted:long",
+        "providers": {"scripted": {"scripts": {"long": [{"text": " ".join(words)}]}}},
+        # No tools, no system prompt: the scripted model counts the prompt as the budget estimates it.
+        "tools": {"demo": False},
+        "budgets": {"turn": {"tokens": 40}},
+        "metrics": {"enabled": True, "listen": f"127.0.0.1:{metrics_port}"},
+    }
+    sidecar = await sidecar_factory(config=config).start()
+    async with TurnwireClient(sidecar.target) as client:
+        result = await collect(client.chat("clamped", "hi"))
+    assert result.status == event_pb2.TURN_STATUS_COMPLETED, result
+    (step,) = [event.step_finish for event in result.events if event.WhichOneof("event") == "step_finish"]
+    assert step.finish_reason == event_pb2.FINISH_REASON_LENGTH and step.raw_finish_reason == "length"
+    output = step.usage.output_tokens
+    assert 0 < output < len(words) and step.usage.input_tokens + output <= 40, step.usage
+    assert result.text.split() == words[:output]
+    assert _samples(metrics_port)[("turnwire_budget_clamped_steps_total", (("tenant", ""),))] == 1
 
 
 async def test_a_principals_daily_budget_follows_its_calls_and_submissions(

@@ -30,8 +30,8 @@ def serve(
     store: Annotated[
         str | None,
         typer.Option(
-            help="Store URL: sqlite:///PATH or postgresql://... Default: $TURNWIRE_STORE__URL, else "
-            "store.url in the config, else sqlite:///turnwire.db."
+            help="Store URL: sqlite:///PATH (in a directory that exists) or postgresql://... Default: "
+            "$TURNWIRE_STORE__URL, else store.url in the config, else sqlite:///turnwire.db."
         ),
     ] = None,
     workers: Annotated[

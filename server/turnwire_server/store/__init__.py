@@ -33,6 +33,7 @@ from turnwire_server.store.records import (
     TurnRecord,
     TurnState,
 )
+from turnwire_server.store.sqlite_location import SQLITE_PREFIX
 
 __all__ = [
     "AddMode",
@@ -62,8 +63,6 @@ __all__ = [
     "redact_url",
     "store_label",
 ]
-
-_SQLITE_PREFIX = "sqlite:///"
 
 
 def address_mask(url: str, password_env: str | None = None) -> Callable[[str], str] | None:
@@ -106,14 +105,14 @@ def open_store(
         from turnwire_server.store.postgres import PostgresStore  # only the backend the URL names
 
         return PostgresStore(url, pool_size=pool_size, password_env=password_env, replica_id=replica_id)
-    if not url.startswith(_SQLITE_PREFIX):
+    if not url.startswith(SQLITE_PREFIX):
         shown = redact_url(url)
         scheme = shown.partition("://")[0] if "://" in shown else shown
         raise ValueError(
             f"unsupported store URL {shown!r} (scheme {scheme!r}); use sqlite:///path or "
             "postgresql://user@host:port/database"
         )
-    path = url.removeprefix(_SQLITE_PREFIX)
+    path = url.removeprefix(SQLITE_PREFIX)
     if not path or path == "/":
         raise ValueError(f"store URL {url!r} has no database path")
     if "?" in path or "#" in path:

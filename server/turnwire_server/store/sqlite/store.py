@@ -43,6 +43,7 @@ from turnwire_server.store.records import (
 from turnwire_server.store.sqlite.db import DB_ERRORS, DIALECT, run_program, store_error
 from turnwire_server.store.sqlite.migrations import Migration, load_migrations
 from turnwire_server.store.sqlite.writer import BUSY_TIMEOUT_MS, SqliteWriter
+from turnwire_server.store.sqlite_location import missing_directory
 
 __all__ = ["Migration", "SqliteStore", "load_migrations"]
 
@@ -50,9 +51,9 @@ T = TypeVar("T")
 
 
 def read_only_problem(path: Path) -> str | None:
-    """Why the store at ``path`` cannot be written, or None. SQLite in WAL mode writes the file, its
-    ``-wal`` and ``-shm`` files and the sidecar's ``.lock`` beside it, so both the file (when it
-    exists) and its folder (the nearest existing one) must be writable; SQLite itself would only
+    """Why the store at ``path`` (in a folder that exists) cannot be written, or None. SQLite in WAL
+    mode writes the file, its ``-wal`` and ``-shm`` files and the sidecar's ``.lock`` beside it, so
+    both the file (when it exists) and its folder must be writable; SQLite itself would only
     say ``unable to open database file``. A read-only mount (``EROFS``) is told apart from
     permissions: chmod cannot help there, only a store on another filesystem can."""
     if path.exists() and not os.access(path, os.W_OK):
@@ -63,8 +64,6 @@ def read_only_problem(path: Path) -> str | None:
             "to a writable file"
         )
     folder = path.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
     if not os.access(folder, os.W_OK | os.X_OK):
         if _on_read_only_mount(folder):
             return _read_only_mount_problem("folder", folder)
@@ -150,18 +149,21 @@ class SqliteStore(CoreWrites, CoreReads, CoreSchedules, CoreWebhooks):
         The lock is an OS file lock on ``<path>.lock``, released by the OS when the process
         dies, SIGKILL included.
 
-        Raises :class:`StoreInUse`, or :class:`StoreError` when the file cannot be opened, a
-        migration fails, or the database's schema is newer than this code knows. A no-op
-        when already open; a closed store cannot be reopened (make a new one).
+        The file is created when missing, its directory never: a directory that does not exist is
+        a mistyped path, not a new store (:mod:`turnwire_server.store.sqlite_location`).
+
+        Raises :class:`StoreInUse`, or :class:`StoreError` when the directory does not exist, the
+        file cannot be opened, a migration fails, or the database's schema is newer than this code
+        knows. A no-op when already open; a closed store cannot be reopened (make a new one).
         """
         if self._opened:
             return
         if self._closing:
             raise StoreError("sqlite store: closed; create a new SqliteStore to reopen")
-        if (problem := read_only_problem(self._path)) is not None:
-            raise StoreError(problem)
+        for check in (missing_directory, read_only_problem):
+            if (problem := check(self._path)) is not None:
+                raise StoreError(problem)
         try:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
             self._process_lock.acquire()
         except filelock.Timeout:
             # filelock also times out when the lock file cannot be created at all (a folder such

@@ -117,7 +117,6 @@ class SqliteWriter:
 
     def _connect(self, migrations: Sequence[Migration]) -> bool:  # on the writer thread
         """Open the connection and run ``migrations``; returns whether the database is in WAL mode."""
-        self._path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(self._path, isolation_level=None)  # we issue BEGIN/COMMIT
         try:
             mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()
