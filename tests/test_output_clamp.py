@@ -52,8 +52,9 @@ class CallsItFatal(Middleware):
 
 
 def _prompt_tokens(request: Any) -> int:
-    """What the scripted model counts of a request's input (as it does before refusing it)."""
-    return EstimateTokens().messages(request.messages) + len(request.system) // 4
+    """What the scripted model counts of a request's input (as it does before refusing it): its
+    messages, system prompt and tool definitions."""
+    return EstimateTokens().messages(request.messages) + EstimateTokens().framing(request)
 
 
 async def _run(

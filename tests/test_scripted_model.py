@@ -11,9 +11,10 @@ from pydantic import TypeAdapter, ValidationError
 from support.engine_harness import CONV, EngineFactory, echo, end_of, make_tool, text_of
 from support.waiting import wait_until
 
+from turnwire.compaction import EstimateTokens
 from turnwire.providers import ModelRequest
 from turnwire.testing import ScriptedProvider, ScriptedToolCall, ScriptStep, UnexpectedModelCall
-from turnwire.types import FinishStep, TextDelta, ToolCall
+from turnwire.types import FinishStep, TextDelta, ToolCall, ToolDefinition
 from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.providers.settings import ProviderSettings, build_provider
 
@@ -175,3 +176,27 @@ async def test_two_turns_calls_get_their_own_ids(make_engine: EngineFactory) -> 
 
 async def _call_ids(provider: ScriptedProvider, asked: ModelRequest) -> list[str]:
     return [chunk.tool_call_id async for chunk in provider.stream(asked) if isinstance(chunk, ToolCall)]
+
+
+async def test_the_reported_input_counts_the_system_prompt_and_tools_as_the_estimate_does() -> None:
+    """A step without scripted input tokens reports what a budget's reservation estimates of the
+    request (docs/providers.md, "scripted"): providers count the tool definitions as input, and a
+    report that left them out made a demo step's input ~11 tokens against a ~235 reservation."""
+    user = message_pb2.Message(id="u1", role=message_pb2.ROLE_USER)
+    user.parts.add().text.text = "What is the weather in Paris today?"
+    schema = {"type": "object", "properties": {"city": {"type": "string", "description": "a city"}}}
+    tool = ToolDefinition(
+        name="get_weather", description="The weather in a city, now. " * 8, input_schema=schema
+    )
+
+    async def reported(tools: tuple[ToolDefinition, ...]) -> tuple[int, int]:
+        request = ModelRequest(model="main", system="Be brief.", messages=[user], tools=list(tools))
+        chunks = [c async for c in ScriptedProvider({"main": [ScriptStep(text="Sunny.")]}).stream(request)]
+        finish = chunks[-1]
+        assert isinstance(finish, FinishStep) and finish.usage is not None
+        return finish.usage.input_tokens, await EstimateTokens().count(request, None)
+
+    bare, bare_estimate = await reported(())
+    with_tool, tool_estimate = await reported((tool,))
+    assert (bare, with_tool) == (bare_estimate, tool_estimate)
+    assert with_tool > bare + 50  # the tool's definition is counted

@@ -120,7 +120,9 @@ class ScriptedError(BaseModel):
 
 
 class ScriptedUsage(BaseModel):
-    """Token counts a script step reports; missing ones are estimated from the text."""
+    """Token counts a script step reports; missing ones are estimated: the input as
+    :class:`~turnwire.compaction.EstimateTokens` counts the request (messages, system prompt, tool
+    definitions), the output from the text (docs/providers.md, "scripted")."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -544,8 +546,9 @@ class ScriptedProvider:
 
         input_tokens = step.usage.input_tokens
         if input_tokens is None:
-            # What a model reads (texts, tool inputs and outputs), not the protobuf encoding.
-            input_tokens = _ESTIMATE.messages(request.messages) + len(request.system) // 4
+            # What a model reads (texts, tool inputs and outputs), not the protobuf encoding, with
+            # the system prompt and the tool definitions, which providers count as input too.
+            input_tokens = _ESTIMATE.messages(request.messages) + _ESTIMATE.framing(request)
         if self.context_window is not None:
             if input_tokens > self.context_window:
                 raise overflow_error(input_tokens, self.context_window)
