@@ -54,7 +54,7 @@ store:
   url: sqlite:///turnwire-overflow-demo.db
 providers:
   scripted:
-    context_window: 300          # tokens: a longer conversation overflows it
+    context_window: 522          # tokens, 222 of them the demo tools' definitions: a longer talk overflows it
 middleware:
   - path: turnwire.middlewares:ContextCompaction
     options:
