@@ -31,6 +31,7 @@ from support.waiting import wait_until
 from turnwire.hooks import ChatResponseContext, ConcurrentInput, SessionContext, TurnContext
 from turnwire.testing import ScriptedError, ScriptedToolCall, ScriptStep
 from turnwire_client.v1 import chat_service_pb2, event_pb2, hooks_pb2, message_pb2
+from turnwire_server.redaction import Redactor
 from turnwire_server.remote_hooks import RemoteMiddleware, convert
 from turnwire_server.remote_hooks.settings import RemoteHookSettings
 
@@ -62,13 +63,16 @@ async def remote_engine(make_engine: EngineFactory) -> AsyncIterator[RemoteEngin
     made: list[RemoteMiddleware] = []
 
     async def factory(
-        address: str, *, scripts: Any = None, clock: Any = None, **settings: Any
+        address: str, *, scripts: Any = None, clock: Any = None, redact: Any = str, **settings: Any
     ) -> tuple[Harness, RemoteMiddleware]:
         options = {"clock": clock} if clock is not None else {}
         middleware = RemoteMiddleware(RemoteHookSettings(address=address, **settings), **options)
         made.append(middleware)
         harness = await make_engine(
-            scripts=scripts or SCRIPTS, tools=[make_tool("echo", echo)], middlewares=[middleware]
+            scripts=scripts or SCRIPTS,
+            tools=[make_tool("echo", echo)],
+            middlewares=[middleware],
+            redact=redact,
         )
         await harness.chain.configure_session(SessionContext(default_model=MODEL, system="sys", tools={}))
         return harness, middleware
@@ -389,7 +393,8 @@ async def test_a_failing_before_turn_or_before_step_fails_the_turn_when_closed(
     end = end_of(await harness.run("go"))
     assert end.status == event_pb2.TURN_STATUS_ERROR
     assert end.error.code == code_pb2.INTERNAL
-    assert f"the hook server {address} gave no usable {hook} answer" in end.error.message
+    assert f"the hook server gave no usable {hook} answer" in end.error.message
+    assert end.error.message.endswith(f"; its failure mode is closed (middleware {middleware.name}, {hook})")
     info = next(
         (d for d in (_error_info(a) for a in end.error.details) if d is not None),
         error_details_pb2.ErrorInfo(),
@@ -561,3 +566,28 @@ def test_the_concurrent_input_strategy_reaches_remote_before_turn_and_on_chat_re
         ChatResponseContext("c", "x", message_pb2.Message(), False, "completed"), convert.turn_info("c", "x")
     )
     assert not plain.HasField("concurrent_input")
+
+
+async def test_a_hook_servers_error_text_is_masked_and_names_no_sidecar_class(
+    hooks: tuple[RecordingHookServer, str], remote_engine: RemoteEngine
+) -> None:
+    """Fresh-user trial (stop 65): a kit's hook that raised ``password=…`` reached the client and
+    the stored turn unmasked, with ``RemoteHookUnavailable`` and the sidecar's own module path in
+    the message. The hook server's text is masked where it enters (docs/security.md, "Secrets")
+    and the message names the hook server's middleware, not the sidecar's classes."""
+    server, address = hooks
+    server.answers["BeforeTurn"] = abort(grpc.StatusCode.UNKNOWN, "db password=hunter2 at /srv/policy.py")
+    harness, middleware = await remote_engine(
+        address, failure_mode={"before_turn": "closed"}, redact=Redactor(()).redact
+    )
+    end = end_of(await harness.run("go"))
+    assert end.status == event_pb2.TURN_STATUS_ERROR
+    message = end.error.message
+    assert "UNKNOWN: db password=*** at /srv/policy.py" in message, message
+    assert (
+        "hunter2" not in message
+        and "turnwire_server" not in message
+        and "RemoteHookUnavailable" not in message
+    )
+    assert message.endswith(f"(middleware {middleware.name}, before_turn)"), message
+    assert harness.provider.calls == 0

@@ -124,3 +124,40 @@ async def test_a_provider_error_quoting_the_key_is_masked_on_every_path(
     assert any(
         "Incorrect API key provided: ***." in str(span.span) for span in receiver.named("execute_tool fetch")
     )
+
+
+async def test_a_hooks_error_quoting_a_secret_is_masked_on_every_path(
+    sidecar_factory: SidecarFactory, tmp_path: Path
+) -> None:
+    """Fresh-user trial (stop 65): a hook's error text reached the client and the stored turn
+    unmasked (the log alone was masked), with the sidecar's own class path for a remote hook. A
+    hook's error is text from outside the engine too: masked where it enters (the hook chain), so
+    the client's ``TurnEnd.error``, the stored turn, its replay and the spans carry ``***``."""
+    async with otlp_receiver() as receiver:
+        config = {
+            "middleware": [{"path": "support.leaky_tools:LeakyPolicy"}],
+            "tracing": {"enabled": True, "endpoint": receiver.endpoint, "headers": {"x-upstream": TOOL_KEY}},
+        }
+        env = {**pythonpath_env(), "LEAKY_TOOL_KEY": TOOL_KEY, "OTEL_BSP_SCHEDULE_DELAY": "50"}
+        sidecar = await sidecar_factory(config=config, env=env).start()
+        async with TurnwireClient(sidecar.target) as client:
+            failed = await collect(
+                client.chat("hook-leak", "hello", request_id="r-hook", body={"leak": True})
+            )
+            assert failed.status == event_pb2.TURN_STATUS_ERROR
+            assert failed.error is not None
+            assert failed.error.message == (
+                "policy db refused: password=***, api_key=*** (RuntimeError in middleware "
+                "support.leaky_tools:LeakyPolicy, before_turn)"
+            ), failed.error.message
+            stored = await client.get_conversation("hook-leak")
+            replayed = await collect(client.resume_turn("r-hook"))
+        await wait_until(lambda: receiver.named("before_turn LeakyPolicy"), what="the hook's span")
+        await sidecar.terminate()
+    assert replayed.error is not None and replayed.error.message == failed.error.message
+    texts = [str(failed.error), str(stored), str(replayed.events), *(str(s.span) for s in receiver.spans)]
+    texts.append(sidecar.log_text())
+    for text in texts:
+        assert TOOL_KEY not in text and "hunter2-db-pass" not in text
+    [hook_span] = receiver.named("before_turn LeakyPolicy")
+    assert "password=***" in hook_span.span.status.message

@@ -143,7 +143,7 @@ class TurnRunBase:
         # What took its time, stored with its end (docs/inspector.md); hooks included.
         timeline = TurnTimeline(self.admitted)
         self.hooks = chain.for_turn(
-            self.timeline, timeline.hook_spans(tracing.hook if tracing.enabled else None)
+            self.timeline, timeline.hook_spans(tracing.hook if tracing.enabled else None), settings.redact
         )
         self.message_id = (
             recovery.record.assistant_message_id if recovery else assistant_message_id(request.request_id)

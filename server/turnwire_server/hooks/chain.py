@@ -67,13 +67,25 @@ class HookError(DomainError):
     ``before_tool_call``, ``configure_session``): ``INTERNAL``, reason ``HOOK_FAILED``.
 
     ``middleware`` and ``hook`` name where, ``origin`` the middleware's class as
-    ``module:Class`` (empty when unknown); ``__cause__`` is the original error.
+    ``module:Class`` (empty when unknown); ``__cause__`` is the original error. ``text`` is the
+    error's message as ``redact`` masked it: a hook's error is text from outside the engine (a
+    remote hook server's answer, a library's exception), masked where it enters, as provider and
+    tool errors are (docs/security.md, "Secrets"), so the client's message, the stored turn and
+    the spans never carry what the redactor knows to be a secret.
     """
 
     error_reason = reasons.ERROR_REASON_HOOK_FAILED
 
-    def __init__(self, middleware: str, hook: str, error: BaseException, origin: str = "") -> None:
-        super().__init__(f"{middleware}.{hook} failed: {error}")
+    def __init__(
+        self,
+        middleware: str,
+        hook: str,
+        error: BaseException,
+        origin: str = "",
+        redact: Callable[[str], str] = str,
+    ) -> None:
+        self.text = redact(str(error))
+        super().__init__(f"{middleware}.{hook} failed: {self.text}")
         self.middleware = middleware
         self.hook = hook
         self.origin = origin
@@ -81,14 +93,18 @@ class HookError(DomainError):
 
     @property
     def client_message(self) -> str:
-        """What the client sees: the hook's own message first, then which middleware and hook
-        raised it (``oops (RuntimeError in middleware myapp.hooks:Audit, before_turn)``), so a
-        user can find the code to fix without the server log."""
+        """What the client sees: the hook's own message first (masked), then which middleware and
+        hook raised it (``oops (RuntimeError in middleware myapp.hooks:Audit, before_turn)``), so
+        a user can find the code to fix without the server log. An error of the sidecar's own
+        kinds (a :class:`~turnwire.errors.DomainError`, whose message says what happened: a
+        remote hook server that gave no answer) names no Python class."""
         error = self.__cause__ or self
+        if isinstance(error, DomainError):
+            return f"{self.text} (middleware {self.middleware}, {self.hook})"
         where = self.origin or self.middleware
         if self.origin and self.middleware != self.origin.rpartition(":")[2]:
             where = f"{self.middleware} ({self.origin})"
-        return f"{error} ({type(error).__name__} in middleware {where}, {self.hook})"
+        return f"{self.text} ({type(error).__name__} in middleware {where}, {self.hook})"
 
     def details(self) -> ErrorDetails:
         return ErrorDetails(metadata={"middleware": self.middleware, "hook": self.hook})
@@ -164,12 +180,17 @@ class MiddlewareChain:
         #: ``ChatResponseContext``); the engine builds none otherwise.
         self.sees_budgets = any(self.forward[hook] for hook in _BUDGET_HOOKS)
 
-    def for_turn(self, timeline: HookTimeline | None = None, spans: HookSpans | None = None) -> TurnHooks:
+    def for_turn(
+        self,
+        timeline: HookTimeline | None = None,
+        spans: HookSpans | None = None,
+        redact: Callable[[str], str] = str,
+    ) -> TurnHooks:
         """The hooks as one turn calls them, recording into ``timeline`` when given, each call in a
-        span of ``spans`` when given."""
-        if timeline is None and spans is None:
+        span of ``spans`` when given, a hook's error masked by ``redact`` (:class:`HookError`)."""
+        if timeline is None and spans is None and redact is str:
             return self._untimed
-        return TurnHooks(self, timeline, spans)
+        return TurnHooks(self, timeline, spans, redact)
 
     async def configure_session(self, ctx: SessionContext) -> SessionConfig:
         """Run every ``configure_session`` once, first to last; a later middleware's non-None
@@ -223,14 +244,19 @@ class TurnHooks:
     """The chain's hooks for one turn: every call timed into the turn's timeline (when kept) and
     traced as a span (when ``spans`` is given; ``on_chunk``, called per chunk, never is)."""
 
-    __slots__ = ("_chain", "_spans", "_timeline")
+    __slots__ = ("_chain", "_redact", "_spans", "_timeline")
 
     def __init__(
-        self, chain: MiddlewareChain, timeline: HookTimeline | None, spans: HookSpans | None = None
+        self,
+        chain: MiddlewareChain,
+        timeline: HookTimeline | None,
+        spans: HookSpans | None = None,
+        redact: Callable[[str], str] = str,
     ) -> None:
         self._chain = chain
         self._timeline = timeline
         self._spans = spans
+        self._redact = redact
 
     @property
     def observes_chunks(self) -> bool:
@@ -254,32 +280,40 @@ class TurnHooks:
         failed = False
         try:
             if self._spans is None or hook == "on_chunk":
-                return await getattr(m, hook)(ctx)
-            with self._spans(m.name, hook):
-                return await getattr(m, hook)(ctx)
-        except Exception as error:
+                return await self._run(m, hook, ctx)
+            with self._spans(m.name, hook):  # its span records the masked HookError
+                return await self._run(m, hook, ctx)
+        except HookError as wrapped:
             failed = True
+            error = wrapped.__cause__ or wrapped
             if not swallow:
                 metrics.HOOK_ERRORS.labels(m.name, hook).inc()
-                origin = middleware_origin(m)
                 # The traceback goes to the server log only (it passes the log redactor); the
                 # client sees HookError.client_message.
                 log.warning(
                     "middleware %s (%s) %s raised %s: %s",
                     m.name,
-                    origin,
+                    wrapped.origin,
                     hook,
                     type(error).__name__,
                     error,
                     exc_info=error,
                     extra={"middleware": m.name, "hook": hook},
                 )
-                raise HookError(m.name, hook, error, origin) from error
+                raise
             self._chain.swallowed(m, hook, error)
             return None
         finally:
             if timeline is not None:
                 timeline.add(m.name, hook, started, time.perf_counter(), failed)
+
+    async def _run(self, m: Middleware, hook: str, ctx: Any) -> Any:
+        """``m.<hook>(ctx)``, its error raised as the :class:`HookError` it is to everything
+        outside the hook (its span included), masked by this turn's redactor."""
+        try:
+            return await getattr(m, hook)(ctx)
+        except Exception as error:
+            raise HookError(m.name, hook, error, middleware_origin(m), self._redact) from error
 
     async def before_turn(self, ctx: TurnContext) -> tuple[TurnContext, TurnConfig]:
         """First to last; each sees the earlier changes. Returns the final context and merged config.

@@ -361,8 +361,8 @@ class RemoteMiddleware(SessionCalls, Middleware):
 
     def _unavailable(self, hook: str, failure: HookCallFailed) -> RemoteHookUnavailable:
         return RemoteHookUnavailable(
-            f"the hook server {self.server} gave no usable {hook} answer ({failure}); "
-            "its failure mode is closed"
+            # The hook chain's HookError names the middleware (remote:<address>, or its name).
+            f"the hook server gave no usable {hook} answer ({failure}); its failure mode is closed"
         )
 
     # --- deciding hooks ---------------------------------------------------------------------
