@@ -20,6 +20,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 from rich.console import Console
 from support.sidecar import free_port
+from support.waiting import wait_until
 
 from turnwire_client import ProtocolError, TurnResult, TurnwireClient, TurnwireError, Usage, collect
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, event_pb2, message_pb2
@@ -704,6 +705,57 @@ async def test_run_chat_unreachable_returns_3() -> None:
     assert await run_chat(Connection(target), CONV, "hi", console=console, err_console=err) == 3
     assert output() == ""
     assert errors().splitlines()[0] == f"cannot reach the sidecar at {target}: is `turnwire serve` running?"
+
+
+async def _lose_the_sidecar_mid_turn(
+    stream: list[event_pb2.TurnEvent], hang_after: int
+) -> tuple[int, str, str]:
+    """``run_chat`` against a sidecar that plays ``hang_after`` events of ``stream`` and then goes
+    away (its server stopped, every call cancelled): the exit code, the turn's request id and what
+    the command printed on stderr."""
+    fake = FakeChatService(stream=stream, hang_after=hang_after)  # type: ignore[abstract]
+    server = grpc.aio.server()
+    chat_service_pb2_grpc.add_ChatServiceServicer_to_server(fake, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    console, _ = capture()
+    err, errors = capture()
+    chat = asyncio.create_task(
+        run_chat(Connection(f"127.0.0.1:{port}"), CONV, "hi", console=console, err_console=err)
+    )
+    try:
+        await wait_until(fake.hanging.is_set, what="the turn's first events reached the command")
+    finally:
+        await server.stop(None)
+    code = await chat
+    return code, fake.requests[0].request_id, errors()
+
+
+async def test_run_chat_that_lost_the_sidecar_after_the_turn_started_says_how_to_follow_it() -> None:
+    """Fresh-user trial: a sidecar gone mid-turn left only "lost the connection to the sidecar at
+    … (Stream removed (Socket closed))", though the turn was stored (and recovered when the
+    sidecar started again). After TurnStart the command names the turn and `turnwire resume`."""
+    code, request_id, errors = await _lose_the_sidecar_mid_turn(weather_turn(), hang_after=3)
+    assert code == 3
+    lines = errors.splitlines()
+    assert any(line.startswith("lost the connection to the sidecar at 127.0.0.1:") for line in lines), lines
+    assert (
+        f"turn {request_id} is stored: `turnwire resume {request_id}` follows it, or shows how it ended, "
+        "once the sidecar answers again"
+    ) in lines, lines
+
+
+async def test_run_chat_that_lost_the_sidecar_before_the_turn_started_says_it_may_not_be_stored() -> None:
+    """Before TurnStart (a queued turn's keepalive came) the input may not have been stored."""
+    queued = event_pb2.TurnEvent(conversation_id=CONV, request_id=REQ)  # keepalives have no number
+    queued.progress.phase = event_pb2.PROGRESS_PHASE_QUEUED
+    code, request_id, errors = await _lose_the_sidecar_mid_turn([queued, *weather_turn()], hang_after=1)
+    assert code == 3
+    assert (
+        f"turn {request_id} had not started, so your message may not be stored: "
+        f"`turnwire resume {request_id}` follows it if it is, and `turnwire history {CONV}` shows "
+        "whether it is"
+    ) in errors.splitlines(), errors
 
 
 # -- console: run_history --------------------------------------------------------------------

@@ -244,11 +244,34 @@ async def run_turn(
     except TurnwireError as error:
         renderer.stop_waiting()
         renderer.end_line()
-        return print_call_error(err, connection, error, mid_turn=renderer.events_seen > 0)
+        return print_call_error(
+            err,
+            connection,
+            error,
+            mid_turn=renderer.events_seen > 0,
+            follow_up=_follow_up(request_id, conversation_id, stored=following or renderer.started),
+        )
     renderer.stop_waiting()
     renderer.end_line()
     print_status_line(out, result, renderer.model, output_streamed=renderer.output_streamed)
     return EXIT_OK if result.ok else EXIT_TURN_FAILED
+
+
+def _follow_up(request_id: str, conversation_id: str, *, stored: bool) -> str:
+    """How to follow turn ``request_id`` again after the connection was lost during it:
+    ``stored``, its input is durable (``TurnStart`` came, docs/semantics.md §5), and ``resume``
+    follows it on any replica, or replays how it ended (a sidecar that stopped recovers or ends
+    its turns when it starts, §8); before that, the input may not have been stored."""
+    resume = f"`turnwire resume {request_id}`"
+    if stored:
+        return (
+            f"turn {request_id} is stored: {resume} follows it, or shows how it ended, "
+            "once the sidecar answers again"
+        )
+    return (
+        f"turn {request_id} had not started, so your message may not be stored: {resume} follows it "
+        f"if it is, and `turnwire history {conversation_id}` shows whether it is"
+    )
 
 
 async def run_cancel(
