@@ -24,9 +24,9 @@ from support.waiting import wait_until
 
 from turnwire_client import ProtocolError, TurnResult, TurnwireClient, TurnwireError, Usage, collect
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, event_pb2, message_pb2
-from turnwire_server.cli.connection import Connection
+from turnwire_server.cli.connection import DEFAULT_TARGET, Connection
 from turnwire_server.cli.history import run_history
-from turnwire_server.cli.turns import run_cancel, run_chat
+from turnwire_server.cli.turns import _follow_up, run_cancel, run_chat
 
 CONV = "conv-1"
 REQ = "req-1"
@@ -709,10 +709,10 @@ async def test_run_chat_unreachable_returns_3() -> None:
 
 async def _lose_the_sidecar_mid_turn(
     stream: list[event_pb2.TurnEvent], hang_after: int
-) -> tuple[int, str, str]:
+) -> tuple[int, str, str, str]:
     """``run_chat`` against a sidecar that plays ``hang_after`` events of ``stream`` and then goes
-    away (its server stopped, every call cancelled): the exit code, the turn's request id and what
-    the command printed on stderr."""
+    away (its server stopped, every call cancelled): the exit code, the sidecar's address, the
+    turn's request id and what the command printed on stderr."""
     fake = FakeChatService(stream=stream, hang_after=hang_after)  # type: ignore[abstract]
     server = grpc.aio.server()
     chat_service_pb2_grpc.add_ChatServiceServicer_to_server(fake, server)
@@ -720,41 +720,46 @@ async def _lose_the_sidecar_mid_turn(
     await server.start()
     console, _ = capture()
     err, errors = capture()
-    chat = asyncio.create_task(
-        run_chat(Connection(f"127.0.0.1:{port}"), CONV, "hi", console=console, err_console=err)
-    )
+    target = f"127.0.0.1:{port}"
+    chat = asyncio.create_task(run_chat(Connection(target), CONV, "hi", console=console, err_console=err))
     try:
         await wait_until(fake.hanging.is_set, what="the turn's first events reached the command")
     finally:
         await server.stop(None)
     code = await chat
-    return code, fake.requests[0].request_id, errors()
+    return code, target, fake.requests[0].request_id, errors()
 
 
 async def test_run_chat_that_lost_the_sidecar_after_the_turn_started_says_how_to_follow_it() -> None:
     """Fresh-user trial: a sidecar gone mid-turn left only "lost the connection to the sidecar at
     … (Stream removed (Socket closed))", though the turn was stored (and recovered when the
-    sidecar started again). After TurnStart the command names the turn and `turnwire resume`."""
-    code, request_id, errors = await _lose_the_sidecar_mid_turn(weather_turn(), hang_after=3)
+    sidecar started again). After TurnStart the command names the turn and `turnwire resume` (with
+    the sidecar's address when it is not the default one)."""
+    code, target, request_id, errors = await _lose_the_sidecar_mid_turn(weather_turn(), hang_after=3)
     assert code == 3
     lines = errors.splitlines()
-    assert any(line.startswith("lost the connection to the sidecar at 127.0.0.1:") for line in lines), lines
+    assert f"lost the connection to the sidecar at {target}" in lines, lines
     assert (
-        f"turn {request_id} is stored: `turnwire resume {request_id}` follows it, or shows how it ended, "
-        "once the sidecar answers again"
+        f"turn {request_id} is stored: `turnwire resume {request_id} --target {target}` follows it, "
+        "or shows how it ended, once the sidecar answers again"
     ) in lines, lines
+    assert _follow_up("r1", CONV, DEFAULT_TARGET, stored=True).startswith(
+        "turn r1 is stored: `turnwire resume r1` follows it"
+    )
 
 
 async def test_run_chat_that_lost_the_sidecar_before_the_turn_started_says_it_may_not_be_stored() -> None:
     """Before TurnStart (a queued turn's keepalive came) the input may not have been stored."""
     queued = event_pb2.TurnEvent(conversation_id=CONV, request_id=REQ)  # keepalives have no number
     queued.progress.phase = event_pb2.PROGRESS_PHASE_QUEUED
-    code, request_id, errors = await _lose_the_sidecar_mid_turn([queued, *weather_turn()], hang_after=1)
+    code, target, request_id, errors = await _lose_the_sidecar_mid_turn(
+        [queued, *weather_turn()], hang_after=1
+    )
     assert code == 3
     assert (
         f"turn {request_id} had not started, so your message may not be stored: "
-        f"`turnwire resume {request_id}` follows it if it is, and `turnwire history {CONV}` shows "
-        "whether it is"
+        f"`turnwire resume {request_id} --target {target}` follows it if it is, and "
+        f"`turnwire history {CONV} --target {target}` shows whether it is"
     ) in errors.splitlines(), errors
 
 

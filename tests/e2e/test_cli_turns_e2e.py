@@ -308,16 +308,18 @@ async def test_a_chat_that_lost_its_sidecar_says_how_to_follow_the_turn_and_that
     assert f"lost the connection to the sidecar at {first.target}" in lines, errors
     said = [
         re.fullmatch(
-            r"turn (cli-[0-9a-f]+) is stored: `(turnwire resume \1)` follows it, or shows how it "
-            r"ended, once the sidecar answers again",
+            r"turn (cli-[0-9a-f]+) is stored: `(turnwire resume \1 --target \S+)` follows it, "
+            r"or shows how it ended, once the sidecar answers again",
             line,
         )
         for line in lines
     ]
     (follow,) = [match for match in said if match]
 
-    second = await sidecar_factory(CONFIG, pythonpath_env(), workdir=tmp_path).start()
-    resumed = await run_turnwire(*shlex.split(follow.group(2))[1:], "--target", second.target)
+    second = sidecar_factory(CONFIG, pythonpath_env(), workdir=tmp_path)
+    second.port = first.port  # started again where it was: the command runs as said
+    await second.start()
+    resumed = await run_turnwire(*shlex.split(follow.group(2))[1:])
     assert resumed.code == 0, (resumed, second.log_text())
     assert resumed.stdout.splitlines()[-1].startswith("COMPLETED"), resumed
     assert "w39" in resumed.stdout, resumed  # the reply, recovered to its end
