@@ -20,12 +20,13 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 from rich.console import Console
 from support.sidecar import free_port
+from support.waiting import wait_until
 
 from turnwire_client import ProtocolError, TurnResult, TurnwireClient, TurnwireError, Usage, collect
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, event_pb2, message_pb2
-from turnwire_server.cli.connection import Connection
+from turnwire_server.cli.connection import DEFAULT_TARGET, Connection
 from turnwire_server.cli.history import run_history
-from turnwire_server.cli.turns import run_cancel, run_chat
+from turnwire_server.cli.turns import _follow_up, run_cancel, run_chat
 
 CONV = "conv-1"
 REQ = "req-1"
@@ -704,6 +705,62 @@ async def test_run_chat_unreachable_returns_3() -> None:
     assert await run_chat(Connection(target), CONV, "hi", console=console, err_console=err) == 3
     assert output() == ""
     assert errors().splitlines()[0] == f"cannot reach the sidecar at {target}: is `turnwire serve` running?"
+
+
+async def _lose_the_sidecar_mid_turn(
+    stream: list[event_pb2.TurnEvent], hang_after: int
+) -> tuple[int, str, str, str]:
+    """``run_chat`` against a sidecar that plays ``hang_after`` events of ``stream`` and then goes
+    away (its server stopped, every call cancelled): the exit code, the sidecar's address, the
+    turn's request id and what the command printed on stderr."""
+    fake = FakeChatService(stream=stream, hang_after=hang_after)  # type: ignore[abstract]
+    server = grpc.aio.server()
+    chat_service_pb2_grpc.add_ChatServiceServicer_to_server(fake, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    console, _ = capture()
+    err, errors = capture()
+    target = f"127.0.0.1:{port}"
+    chat = asyncio.create_task(run_chat(Connection(target), CONV, "hi", console=console, err_console=err))
+    try:
+        await wait_until(fake.hanging.is_set, what="the turn's first events reached the command")
+    finally:
+        await server.stop(None)
+    code = await chat
+    return code, target, fake.requests[0].request_id, errors()
+
+
+async def test_run_chat_that_lost_the_sidecar_after_the_turn_started_says_how_to_follow_it() -> None:
+    """Fresh-user trial: a sidecar gone mid-turn left only "lost the connection to the sidecar at
+    … (Stream removed (Socket closed))", though the turn was stored (and recovered when the
+    sidecar started again). After TurnStart the command names the turn and `turnwire resume` (with
+    the sidecar's address when it is not the default one)."""
+    code, target, request_id, errors = await _lose_the_sidecar_mid_turn(weather_turn(), hang_after=3)
+    assert code == 3
+    lines = errors.splitlines()
+    assert f"lost the connection to the sidecar at {target}" in lines, lines
+    assert (
+        f"turn {request_id} is stored: `turnwire resume {request_id} --target {target}` follows it, "
+        "or shows how it ended, once the sidecar answers again"
+    ) in lines, lines
+    assert _follow_up("r1", CONV, DEFAULT_TARGET, stored=True).startswith(
+        "turn r1 is stored: `turnwire resume r1` follows it"
+    )
+
+
+async def test_run_chat_that_lost_the_sidecar_before_the_turn_started_says_it_may_not_be_stored() -> None:
+    """Before TurnStart (a queued turn's keepalive came) the input may not have been stored."""
+    queued = event_pb2.TurnEvent(conversation_id=CONV, request_id=REQ)  # keepalives have no number
+    queued.progress.phase = event_pb2.PROGRESS_PHASE_QUEUED
+    code, target, request_id, errors = await _lose_the_sidecar_mid_turn(
+        [queued, *weather_turn()], hang_after=1
+    )
+    assert code == 3
+    assert (
+        f"turn {request_id} had not started, so your message may not be stored: "
+        f"`turnwire resume {request_id} --target {target}` follows it if it is, and "
+        f"`turnwire history {CONV} --target {target}` shows whether it is"
+    ) in errors.splitlines(), errors
 
 
 # -- console: run_history --------------------------------------------------------------------

@@ -263,13 +263,19 @@ async def test_the_docs_example_decides_and_runs_as_the_page_says() -> None:
             hooks = hooks_pb2_grpc.TurnHooksServiceStub(channel)
             big = await hooks.BeforeToolCall(_call("refund", {"order_id": "A1", "amount_cents": 60_000}))
             assert big.block.reason == "refunds above 500 EUR need a human"
-            small = await hooks.BeforeToolCall(_call("refund", {"order_id": "A1", "amount_cents": 100}))
-            assert json.loads(small.allow_with_input.input_json)["currency"] == "EUR"
+            small = await hooks.BeforeToolCall(
+                _call("refund", {"order_id": "A1", "amount_cents": 100, "currency": "USD"})
+            )
+            assert json.loads(small.allow_with_input.input_json) == {
+                "order_id": "A1",
+                "amount_cents": 100,
+                "currency": "EUR",
+            }
             turn = await hooks.BeforeTurn(hooks_pb2.BeforeTurnRequest(system="Be brief."))
             assert turn.system == "Be brief.\nAnswer in English."
             tools = tools_pb2_grpc.ToolExecutorServiceStub(channel)
             request = tools_pb2.ExecuteToolRequest(
-                tool_name="refund", input_json='{"order_id": "X9", "amount_cents": 5}'
+                tool_name="refund", input_json='{"order_id": "X9", "amount_cents": 5, "currency": "EUR"}'
             )
             assert [m.error async for m in tools.ExecuteTool(request)] == ["order X9 is closed"]
     finally:

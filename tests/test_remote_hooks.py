@@ -26,6 +26,7 @@ from support.engine_harness import (
     tool_parts,
 )
 from support.hook_server import RecordingHookServer, abort, serving, sleep_forever
+from support.sidecar import free_port
 from support.waiting import wait_until
 
 from turnwire.hooks import ChatResponseContext, ConcurrentInput, SessionContext, TurnContext
@@ -196,6 +197,37 @@ async def test_only_subscribed_hooks_are_called(remote_engine: RemoteEngine) -> 
         }
         await harness.run("go")
     assert server.rpcs() == ["GetHookSubscriptions", "BeforeToolCall"]
+
+
+async def test_a_server_down_at_start_gets_the_listed_hooks_unary_once_it_listens(
+    remote_engine: RemoteEngine,
+) -> None:
+    """docs/hooks.md: an entry that lists its hooks starts without its server; each listed hook's
+    call gets the failure mode while the server is down, and reaches it once it listens: the
+    listed hooks only (not the server's subscriptions), as unary RPCs (not its HookSession)."""
+    port = free_port()
+    harness, middleware = await remote_engine(
+        f"127.0.0.1:{port}",
+        startup_timeout_seconds=0.2,
+        hooks=["before_tool_call"],
+        failure_mode={"before_tool_call": "closed"},
+        breaker={"failure_threshold": 1000},  # the reconnection is waited for here, not the breaker
+    )
+    (part,) = tool_parts(end_of(await harness.run("go")).message)
+    assert json.loads(part.output_json) == (
+        f'Tool "echo" was blocked: its policy hook ({middleware.name}) was unavailable.'
+    )
+    server = RecordingHookServer(hook_session=True)  # subscribes to every hook, offers HookSession
+    async with serving(server, port):
+
+        async def reached() -> list[message_pb2.ToolCallPart]:
+            parts = tool_parts(end_of(await harness.run("go")).message)
+            return parts if server.count("BeforeToolCall") else []
+
+        (part,) = await wait_until(reached, what="a listed hook's call reaching the server")
+    assert json.loads(part.output_json) == {"echo": {"x": 1}}  # its answer: no decision, the tool ran
+    assert set(server.rpcs()) == {"BeforeToolCall"}
+    assert not any(call.stream for call in server.calls)
 
 
 # --- decisions and changes ------------------------------------------------------------------

@@ -7,14 +7,17 @@ aborted, exits 130, and the sidecar has stored the partial reply (docs/semantics
 from __future__ import annotations
 
 import asyncio
+import re
+import shlex
 import signal
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from support.endless import is_prefix_of_repeats
 from support.hooks import pythonpath_env
-from support.sidecar import SidecarProcess, run_turnwire, running_sidecar, spawn_turnwire
+from support.sidecar import SidecarFactory, SidecarProcess, run_turnwire, running_sidecar, spawn_turnwire
 from support.waiting import wait_until
 
 from turnwire_client import TurnwireClient, collect
@@ -31,6 +34,8 @@ CONFIG = {
                 # "w0 … w39 " again and again, a word every 50 ms, until the turn is cancelled: a
                 # Ctrl-C or a `turnwire cancel` always lands mid-reply, however slow the machine.
                 "endless": [{"text": ENDLESS, "delay_ms": 50, "until_cancelled": True}],
+                # Two seconds of words: a sidecar killed mid-reply is killed mid-turn.
+                "slow": [{"text": ENDLESS, "chunk_size": 4, "delay_ms": 50}],
                 # Nothing for 60 s: a Ctrl-C lands before the first token.
                 "silent": [{"text": "late", "delay_ms": 60_000}],
                 "answer": [{"text": "The answer."}],
@@ -279,6 +284,45 @@ async def test_resume_follows_a_turn_by_its_request_id(sidecar: SidecarProcess) 
     unknown = await run_turnwire("resume", "cli-nobody", "--target", sidecar.target)
     assert unknown.code == 2, unknown
     assert "cli-nobody" in unknown.stderr
+
+
+async def test_a_chat_that_lost_its_sidecar_says_how_to_follow_the_turn_and_that_works(
+    sidecar_factory: SidecarFactory, tmp_path: Path
+) -> None:
+    """Fresh-user trial: with the sidecar killed mid-turn, `turnwire chat` said only "lost the
+    connection to the sidecar at … (Stream removed (Socket closed))", though the turn was stored
+    and recovered when the sidecar started again. It now names the turn and the command that
+    follows it; that command, against the restarted sidecar, shows the recovered turn to its end."""
+    first = await sidecar_factory(CONFIG, pythonpath_env(), workdir=tmp_path).start()
+    chat = await spawn_turnwire(
+        "chat", "cli-lost", "Count slowly.", "--target", first.target, "--model", "scripted:slow"
+    )
+    assert chat.stdout is not None
+    begun = await asyncio.wait_for(chat.stdout.read(2), timeout=30)  # the reply has begun
+    assert begun.startswith(b"w"), begun
+    first.kill()
+    rest, err = await asyncio.wait_for(chat.communicate(), timeout=30)
+    errors = err.decode()
+    assert chat.returncode == 3, ((begun + rest).decode(), errors)
+    lines = errors.splitlines()
+    assert f"lost the connection to the sidecar at {first.target}" in lines, errors
+    said = [
+        re.fullmatch(
+            r"turn (cli-[0-9a-f]+) is stored: `(turnwire resume \1 --target \S+)` follows it, "
+            r"or shows how it ended, once the sidecar answers again",
+            line,
+        )
+        for line in lines
+    ]
+    (follow,) = [match for match in said if match]
+
+    second = sidecar_factory(CONFIG, pythonpath_env(), workdir=tmp_path)
+    second.port = first.port  # started again where it was: the command runs as said
+    await second.start()
+    resumed = await run_turnwire(*shlex.split(follow.group(2))[1:])
+    assert resumed.code == 0, (resumed, second.log_text())
+    assert resumed.stdout.splitlines()[-1].startswith("COMPLETED"), resumed
+    assert "w39" in resumed.stdout, resumed  # the reply, recovered to its end
 
 
 def test_the_help_flag_has_a_short_form() -> None:

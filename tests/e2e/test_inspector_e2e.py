@@ -342,6 +342,33 @@ async def test_a_running_turn_is_tailed_live(
         print(f"\ninspector live screenshot: {tmp_path / 'inspector-live.png'}")
 
 
+async def test_the_open_page_follows_a_changed_fragment_to_another_conversation(
+    sidecar: SidecarProcess, client: TurnwireClient, tmp_path: Path
+) -> None:
+    """docs/inspector.md: the address's fragment names the conversation. A fragment changed in
+    the open tab (a link to ``#conversation=…``, the address bar) opens that conversation, and
+    Back the one before; before the fresh-user trial the page read it only at load."""
+    await _chat(client, "hash-a", "Multiply, and what time is it?", "scripted:timed")
+    await _chat(client, "hash-b", "Multiply, and what time is it?", "scripted:timed")
+    await _chat(client, "hash-b", "Again, faster.", "scripted:failing")
+    stored = {
+        conversation: [turn.request_id for turn in await _turns(sidecar, conversation)]
+        for conversation in ("hash-a", "hash-b")
+    }
+    messages = {
+        conversation: [message.id for message in (await client.get_conversation(conversation)).messages]
+        for conversation in ("hash-a", "hash-b")
+    }
+    assert len(stored["hash-b"]) == 2 and messages["hash-a"] != messages["hash-b"]
+    shown = await _drive("hash", sidecar, TOKEN, "hash-a", tmp_path, "hash-b")
+    for step, conversation in (("first", "hash-a"), ("changed", "hash-b"), ("back", "hash-a")):
+        page = shown[step]
+        assert page["address"] == f"#conversation={conversation}", (step, page)
+        assert page["title"] == conversation and page["current"] == [conversation], (step, page)
+        assert page["messages"] == messages[conversation], (step, page)
+        assert sorted(page["turns"]) == sorted(stored[conversation]), (step, page)
+
+
 async def test_another_tenant_sees_none_of_it(
     sidecar: SidecarProcess, client: TurnwireClient, tmp_path: Path
 ) -> None:

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from support.sidecar import SidecarFactory
+from support.sidecar import SidecarFactory, run_turnwire
 
 from turnwire.kit import start
 from turnwire_client import TurnwireClient, collect
@@ -62,7 +63,12 @@ def test_each_kit_page_config_loads_and_its_script_calls_the_pages_tools(name: s
 
 async def test_the_python_page_runs_as_written_offline(sidecar_factory: SidecarFactory) -> None:
     """The page's program (its policy and its tool) under a sidecar with the page's config: the
-    scripted model calls ``refund``, the policy adds the currency, the tool's result comes back."""
+    scripted model calls ``refund`` in US dollars, the policy has the tool run in euros, and the
+    page's ``turnwire chat`` shows the call as the model made it (the stored call keeps the model's
+    input) and the tool's result of the policy's input, line for line as the page prints them.
+
+    Before the fresh-user trial the page said the chat showed the hook's decision, which it never
+    does, in an example where the tool's default currency was the policy's."""
     program, config = _page("kit-python.md")
     namespace: dict[str, Any] = {"__name__": "kit_page"}
     exec(compile(program, "kit-python.md", "exec"), namespace)
@@ -73,9 +79,25 @@ async def test_the_python_page_runs_as_written_offline(sidecar_factory: SidecarF
         sidecar = await sidecar_factory({**wired, "tools": {**wired["tools"], "demo": False}}).start()
         async with TurnwireClient(sidecar.target) as client:
             result = await collect(client.chat("kit-page", "refund A-17"))
+        command, shown = _console("kit-python.md")
+        chat = await run_turnwire(*shlex.split(command)[1:], "--target", sidecar.target)
     finally:
         await served.stop(0)
     assert result.ok, (result.error, sidecar.log_text())
     (call,) = result.tool_calls
-    assert call.tool_name == "refund" and call.output == {"refunded": 1200, "currency": "EUR"}
+    assert call.tool_name == "refund"
+    assert call.input == {"order_id": "A-17", "amount_cents": 1200, "currency": "USD"}
+    assert call.output == {"refunded": 1200, "currency": "EUR"}
     assert result.text == "Refunded 12 EUR."
+    assert chat.code == 0, chat
+    calls = [line for line in shown if line.startswith(("→", "←"))]
+    assert calls, "the page's console block shows no call"
+    assert [line for line in chat.stdout.splitlines() if line.startswith(("→", "←"))] == calls, chat.stdout
+
+
+def _console(name: str) -> tuple[str, list[str]]:
+    """A page's first ``console`` block: its command (after ``$ ``) and the lines it shows."""
+    text = (PAGES / name).read_text()
+    block = re.search(r"^```console\n\$ (.*?)\n(.*?)^```", text, re.DOTALL | re.MULTILINE)
+    assert block, f"docs/api/{name} has no console block"
+    return block.group(1), block.group(2).splitlines()

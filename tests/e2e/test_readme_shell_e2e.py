@@ -50,6 +50,8 @@ RUN_ELSEWHERE = {
     "make dist": "tests/test_release_artifacts.py",
     "python3 -m venv ~/turnwire": "tests/test_release_artifacts.py",
     "npm install /path/to/turnwire/dist/turnwire-client-": "tests/test_release_artifacts.py",
+    # docs/api/kit-typescript.md: the page's program compiled by this command line, then served
+    "npx tsc --module nodenext": "clients/node/tests/kit_docs.test.mjs",
     # docs/api/kit-python.md: the wheels of make dist into a fresh venv
     "pip install dist/turnwire_sdk-": "tests/test_release_artifacts.py",
     # docs/api/kit-go.md, offline: GOPATH mode on Debian's packages, as tools/go-test.sh builds the

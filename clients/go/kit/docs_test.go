@@ -129,4 +129,10 @@ func TestDocsProgramsToolAndPolicyHook(t *testing.T) {
 	if len(got) != 1 || !strings.Contains(got[0], "internal SKUs are not for customers") || !strings.HasSuffix(got[0], "BLOCKED") {
 		t.Errorf("lookup_stock of an internal SKU: %v; want the policy's block", got)
 	}
+	// Its BeforeTurn (a *string field, set with proto.String) added its line
+	// to the system prompt of every step.
+	systems := systemPrompts(t, "kit-docs-stock")
+	if len(systems) != 2 || !strings.HasSuffix(systems[0], "\nAnswer in English.") || systems[1] != systems[0] {
+		t.Errorf("the model's system prompts %q; want the docs program's line on both steps", systems)
+	}
 }

@@ -290,7 +290,20 @@ func TestSidecarRunsAKitToolWithExactIntegersAndCallsTheHooks(t *testing.T) {
 			t.Errorf("on_chunks saw %q; want a %s", chunks, kind)
 		}
 	}
-	// BeforeTurn's system prompt is what the model was sent.
+	// BeforeTurn's system prompt is what the model was sent, with the line
+	// the docs program's BeforeTurn, next in the chain, added to it.
+	systems := systemPrompts(t, "kit-add")
+	const system = "from the Go kit\nAnswer in English."
+	if len(systems) != 2 || systems[0] != system || systems[1] != system {
+		t.Errorf("the model's system prompts %q; want BeforeTurn's on both steps", systems)
+	}
+}
+
+// systemPrompts are the system prompts the scripted model was sent for
+// scripted:<script> (recorded as <script>), step by step, turn after turn
+// (its record_requests file).
+func systemPrompts(t *testing.T, script string) []string {
+	t.Helper()
 	file, err := os.Open(requests)
 	if err != nil {
 		t.Fatal(err)
@@ -305,13 +318,11 @@ func TestSidecarRunsAKitToolWithExactIntegersAndCallsTheHooks(t *testing.T) {
 		if err := json.Unmarshal(scanner.Bytes(), &request); err != nil {
 			t.Fatal(err)
 		}
-		if strings.HasSuffix(request.Model, "kit-add") {
+		if request.Model == script {
 			systems = append(systems, request.System)
 		}
 	}
-	if len(systems) != 2 || systems[0] != "from the Go kit" || systems[1] != "from the Go kit" {
-		t.Errorf("the model's system prompts %q; want BeforeTurn's on both steps", systems)
-	}
+	return systems
 }
 
 func TestSidecarStreamsAKitToolsPreliminaryResults(t *testing.T) {

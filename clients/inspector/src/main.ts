@@ -117,11 +117,13 @@ async function openConversation(conversationId: string): Promise<void> {
     cost = conversation.cost;
     pageToken = page.nextPageToken ?? '';
   } while (pageToken);
+  if (conversationId !== current) return; // another one was opened meanwhile: it draws itself
   $('conversation-cost').textContent = cost
     ? `cost $${Number(cost.usd ?? 0).toFixed(6)} (${cost.priceSource ?? ''})`
     : 'cost unknown';
   $('transcript').replaceChildren(drawTranscript(messages, partial));
   await loadTurns();
+  if (conversationId !== current) return;
   say(`${messages.length} message(s)`);
   // A turn that starts while the conversation is open is shown (and tailed) as it runs.
   watching = window.setInterval(() => void watch(conversationId), WATCH_MS);
@@ -147,7 +149,9 @@ function errorText(error: Json | undefined): string {
 
 async function loadTurns(): Promise<void> {
   const failedOnly = ($('failed-only') as HTMLInputElement).checked;
-  const page = await api.call('ListTurns', { conversationId: current, failedOnly, pageSize: 100 });
+  const conversationId = current;
+  const page = await api.call('ListTurns', { conversationId, failedOnly, pageSize: 100 });
+  if (conversationId !== current) return; // another conversation was opened meanwhile
   const turns: Json[] = page.turns ?? [];
   const box = $('turns');
   box.replaceChildren();
@@ -223,13 +227,32 @@ async function connect(): Promise<void> {
   }
 }
 
-function start(): void {
+/** The fragment's token, if it has one, taken out of the address (not left in the address bar or
+ * history). */
+function takeToken(): string | null {
   const params = fragment();
-  const token = params.get('token') ?? sessionStorage.getItem('turnwire-token') ?? '';
-  if (params.has('token')) {
-    params.delete('token'); // not left in the address bar or history
-    history.replaceState(null, '', params.size ? `#${params}` : location.pathname);
+  const token = params.get('token');
+  if (token === null) return null;
+  params.delete('token');
+  history.replaceState(null, '', params.size ? `#${params}` : location.pathname);
+  return token;
+}
+
+/** A fragment changed in the open tab (a link to another conversation, the address bar, Back):
+ * follow it as at load. The page's own changes (`setFragment`) replace it without this event. */
+function followFragment(): void {
+  const token = takeToken();
+  if (token !== null) {
+    ($('token') as HTMLInputElement).value = token;
+    void connect(); // then opens the fragment's conversation
+    return;
   }
+  const wanted = fragment().get('conversation');
+  if (wanted && wanted !== current) void openConversation(wanted).catch(failed);
+}
+
+function start(): void {
+  const token = takeToken() ?? sessionStorage.getItem('turnwire-token') ?? '';
   ($('token') as HTMLInputElement).value = token;
   $('connect-form').addEventListener('submit', (event) => {
     event.preventDefault();
@@ -244,6 +267,7 @@ function start(): void {
   $('failed-only').addEventListener('change', () => {
     if (current) void loadTurns().catch(failed);
   });
+  window.addEventListener('hashchange', followFragment);
   void connect();
 }
 

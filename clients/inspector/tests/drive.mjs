@@ -1,17 +1,20 @@
 // Drive the inspector page in Debian's Chromium (playwright-core, no browser download) and print
 // what it shows as one JSON line; screenshots go to OUT_DIR. Run by tests/e2e/test_inspector_e2e.py.
 //
-// node drive.mjs MODE BASE_URL TOKEN CONVERSATION OUT_DIR [TOOL_CALL_ID]
+// node drive.mjs MODE BASE_URL TOKEN CONVERSATION OUT_DIR [TOOL_CALL_ID | OTHER_CONVERSATION]
 //   inspect: the conversation's turns (bars as drawn), a tool call's output once expanded, a
 //            bar's hover details, the failed-only filter, axe-core's violations
 //   live:    prints `ready` once the page shows the conversation; then the running turn the test
 //            starts, its live chart sampled until it ended and was redrawn from the store
 //   tenant:  what another tenant's token lists and opens
+//   hash:    what the page shows once open on CONVERSATION, after the open tab's fragment
+//            changed to OTHER_CONVERSATION (`location.hash`, as a link does), and after Back
 import { readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { chromium } from 'playwright-core';
 
-const [mode, base, token, conversation, outDir, toolCallId] = process.argv.slice(2);
+const [mode, base, token, conversation, outDir, extra] = process.argv.slice(2);
+const toolCallId = extra;
 const require = createRequire(import.meta.url);
 const browser = await chromium.launch({
   executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
@@ -131,6 +134,33 @@ try {
     result.samples = samples;
     await page.waitForSelector('section.turn[data-status="completed"] g.bar', { timeout: 60_000 });
     result.after = await barsOf(page);
+  } else if (mode === 'hash') {
+    // What the page shows once it has opened `id` (its title, then its last status line).
+    const shown = async (id) => {
+      await page.waitForFunction(
+        (id) =>
+          document.getElementById('conversation-title').textContent === id &&
+          / message\(s\)$/.test(document.getElementById('status').textContent),
+        id,
+        { timeout: 60_000 },
+      );
+      return {
+        address: new URL(page.url()).hash,
+        title: await page.locator('#conversation-title').textContent(),
+        current: await page.$$eval('button.conversation[aria-current="true"]', (buttons) =>
+          buttons.map((b) => b.dataset.id),
+        ),
+        messages: await page.$$eval('.message', (items) => items.map((item) => item.dataset.id)),
+        turns: await page.$$eval('section.turn', (items) => items.map((item) => item.dataset.requestId)),
+      };
+    };
+    result.first = await shown(conversation);
+    await page.evaluate((id) => {
+      location.hash = `conversation=${encodeURIComponent(id)}`;
+    }, extra);
+    result.changed = await shown(extra);
+    await page.goBack();
+    result.back = await shown(conversation);
   } else if (mode === 'tenant') {
     await page.waitForFunction(() => document.getElementById('status').textContent !== '', null, {
       timeout: 30_000,

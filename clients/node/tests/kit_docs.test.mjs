@@ -1,5 +1,6 @@
 // docs/api/kit-typescript.md's first ```ts block, as a reader would use it: type-checked against
-// the built @turnwire/client/kit (strict, with docs/tools.md's tool host block), then run as a hook server and tool host under a real
+// the built @turnwire/client/kit (strict, with docs/tools.md's tool host block), saved as kit.mts and
+// compiled by the page's own `tsc` command line, then run as a hook server and tool host under a real
 // `turnwire serve` whose scripted model calls its tools: the policy blocks a refund for a non-admin
 // and lets an admin's through, the streaming tool's progress and result reach the client.
 //
@@ -7,9 +8,11 @@
 
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
+import { promisify } from 'node:util';
 
 import ts from 'typescript';
 import { TurnwireClient } from '@turnwire/client';
@@ -20,6 +23,9 @@ const HERE = path.dirname(fileURLToPath(import.meta.url));
 const DOCS = path.resolve(HERE, '..', '..', '..', 'docs');
 const PAGE = path.join(DOCS, 'api', 'kit-typescript.md');
 const BLOCK = /^```ts\n([\s\S]*?)^```/m;
+// The page's command that compiles and starts the program (a block of its own).
+const COMMAND = /^```sh\n(npx tsc .*) && node (\S+)\n```/m;
+const TSC = path.resolve(HERE, '..', '..', '..', 'node_modules', '.bin', 'tsc');
 const ADDRESS = '127.0.0.1:7001';
 
 let dir;
@@ -49,11 +55,14 @@ before(async () => {
     .getPreEmitDiagnostics(program)
     .map((d) => ts.flattenDiagnosticMessageText(d.messageText, '\n'));
   assert.deepEqual(problems, [], "the pages' snippets type-check");
-  const js = ts.transpileModule(await readFile(source, 'utf8'), {
-    compilerOptions: { target: ts.ScriptTarget.ES2022, module: ts.ModuleKind.ESNext },
-  }).outputText;
-  await writeFile(path.join(dir, 'snippet.mjs'), js);
-  snippet = await import(pathToFileURL(path.join(dir, 'snippet.mjs')).href);
+  // Compiled as the page says (`npx tsc …`: this repository's tsc), into the file it runs.
+  const [, compile, run] = (await readFile(PAGE, 'utf8')).match(COMMAND) ?? [];
+  assert.ok(compile, 'the page says how to compile and start the program');
+  const [command, ...args] = compile.split(' ').slice(1);
+  assert.equal(command, 'tsc');
+  await writeFile(path.join(dir, args.at(-1)), await readFile(source, 'utf8'));
+  await promisify(execFile)(TSC, args, { cwd: dir });
+  snippet = await import(pathToFileURL(path.join(dir, run)).href);
 
   const address = `127.0.0.1:${port}`;
   sidecar = await startSidecar({

@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # imported when used: `turnwire serve` and `config show` need
 
 __all__ = [
     "CLIENT_COMMANDS",
+    "DEFAULT_TARGET",
     "Connection",
     "ConnectionOptions",
     "check_target",
@@ -46,6 +47,10 @@ CLIENT_COMMANDS = (
 """The commands that connect to a sidecar: they take the connection options, after the command or
 before it (``turnwire --target HOST:PORT chat …``). A group (``schedule``, ``webhooks``) stands for
 its subcommands, every one of which connects."""
+
+
+DEFAULT_TARGET = "127.0.0.1:50051"
+"""The sidecar the client commands connect to when no ``--target`` or ``TURNWIRE_TARGET`` says."""
 
 
 class Connection(NamedTuple):
@@ -164,7 +169,7 @@ _OPTIONS = (
         "target",
         ("--target", "-t"),
         str,
-        "127.0.0.1:50051",
+        DEFAULT_TARGET,
         "Sidecar address HOST:PORT.",
         "Sidecar address HOST:PORT",
         "TURNWIRE_TARGET",

@@ -40,13 +40,18 @@ it in its own arguments: :class:`~turnwire_client.errors.TlsMismatchError`)."""
 
 
 def print_call_error(
-    out: Console, connection: Connection, error: TurnwireError, *, mid_turn: bool = False
+    out: Console,
+    connection: Connection,
+    error: TurnwireError,
+    *,
+    mid_turn: bool = False,
+    follow_up: str = "",
 ) -> int:
     """Print the ``error`` a call to the sidecar of ``connection`` ended with on ``out``, and
     return the exit code: :data:`EXIT_UNREACHABLE` when the sidecar cannot be reached (``mid_turn``:
-    the connection was lost during a turn; a TLS mismatch the client found,
-    :class:`~turnwire_client.errors.TlsMismatchError`, is said in the CLI's options), else
-    :data:`EXIT_CALL_FAILED`
+    the connection was lost during a turn, and ``follow_up`` says how to follow the turn again; a
+    TLS mismatch the client found, :class:`~turnwire_client.errors.TlsMismatchError`, is said in
+    the CLI's options), else :data:`EXIT_CALL_FAILED`
     (code, reason, message and field violations, in the CLI's terms)."""
     target = connection.target
     if error.code == grpc.StatusCode.UNAVAILABLE and not error.reason:
@@ -61,6 +66,8 @@ def print_call_error(
         out.print(Text(problem, style="bold red"), soft_wrap=True)
         if transport:
             out.print(Text(f"  ({transport})", style="dim"), soft_wrap=True)
+        if mid_turn and follow_up:
+            out.print(Text(follow_up, style="yellow"), soft_wrap=True, highlight=False)
         return EXIT_UNREACHABLE
     head = Text()
     head.append(error.code.name, style="bold red")

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from turnwire_client import ProtocolError, TurnwireClient, TurnwireError, collect
 from turnwire_client.v1 import event_pb2
-from turnwire_server.cli.connection import Connection
+from turnwire_server.cli.connection import DEFAULT_TARGET, Connection
 from turnwire_server.cli.errors import print_call_error
 from turnwire_server.cli.exit_codes import EXIT_OK, EXIT_TURN_FAILED
 from turnwire_server.cli.live import TurnRenderer, print_status_line
@@ -244,11 +244,38 @@ async def run_turn(
     except TurnwireError as error:
         renderer.stop_waiting()
         renderer.end_line()
-        return print_call_error(err, connection, error, mid_turn=renderer.events_seen > 0)
+        return print_call_error(
+            err,
+            connection,
+            error,
+            mid_turn=renderer.events_seen > 0,
+            follow_up=_follow_up(
+                request_id, conversation_id, connection.target, stored=following or renderer.started
+            ),
+        )
     renderer.stop_waiting()
     renderer.end_line()
     print_status_line(out, result, renderer.model, output_streamed=renderer.output_streamed)
     return EXIT_OK if result.ok else EXIT_TURN_FAILED
+
+
+def _follow_up(request_id: str, conversation_id: str, target: str, *, stored: bool) -> str:
+    """How to follow turn ``request_id`` again after the connection to the sidecar at ``target``
+    was lost during it: ``stored``, its input is durable (``TurnStart`` came, docs/semantics.md
+    §5), and ``resume`` follows it on any replica, or replays how it ended (a sidecar that stopped
+    recovers or ends its turns when it starts, §8); before that, the input may not have been
+    stored. The commands name ``target`` unless it is the default one."""
+    where = "" if target == DEFAULT_TARGET else f" --target {target}"
+    resume = f"`turnwire resume {request_id}{where}`"
+    if stored:
+        return (
+            f"turn {request_id} is stored: {resume} follows it, or shows how it ended, "
+            "once the sidecar answers again"
+        )
+    return (
+        f"turn {request_id} had not started, so your message may not be stored: {resume} follows it "
+        f"if it is, and `turnwire history {conversation_id}{where}` shows whether it is"
+    )
 
 
 async def run_cancel(
