@@ -263,10 +263,14 @@ def charge_budget(
     )
     for key in keys:  # a row read missing is at zero (the write creates it)
         spends.setdefault(key, _ZERO)
-    raise_spent(refuse, spends, ask)
+    raise_spent(refuse, spends)
     writes: list[Statement] = []
     reserved: set[BudgetKey] = set()
     output, refused, tokens, usd = _reserve(ask, budgets, spends)
+    if refused is not None and refuse:
+        # Which budget of ``refuse`` has no room for the step, if one has (raise_spent's rule);
+        # when the grant fits every budget it fits these too (the same rows, limits no lower).
+        raise_spent(refuse, spends, ask)
     if refused is None:
         reserved = {budget.key for budget in budgets}
         writes.append(
