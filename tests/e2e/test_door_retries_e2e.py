@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 
 import httpx2
 import openai
+import orjson
 import pytest
 from support.http_sidecar import http_base, http_sidecar_config
 from support.sidecar import SidecarFactory, SidecarProcess
@@ -28,6 +29,15 @@ SCRIPTS = {
     "echo": [{"text": "unreachable"}],
     "fails": [
         {"text": "partial ", "error": {"message": "the model is down", "status": 400, "after_chunks": 1}}
+    ],
+    # The first step reports 1 240 tokens: the tenant's day (1 200) has no room for a second.
+    "overspends": [
+        {
+            "text": "Let me check.",
+            "tool_calls": [{"name": "get_weather", "input": {"city": "Paris"}}],
+            "usage": {"input_tokens": 1200, "output_tokens": 40},
+        },
+        {"text": "unreachable"},
     ],
 }
 
@@ -122,4 +132,43 @@ async def test_a_failed_chat_completions_turn_is_not_run_again(
     assert "the model is down" in str(raised.value)
     assert raised.value.response.headers["x-should-retry"] == "false"
     assert len(counting.sent) == 1  # the SDK would otherwise run the turn three times
+    await counting.client.close()
+
+
+async def test_a_chat_completions_turn_its_budget_ended_answers_as_the_refusal_would(
+    sidecar_factory: SidecarFactory, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A turn that ran and ended at a step its budget had no room for answers with the status
+    and error the budget's refusal has (429 ``rate_limit_error``, ``code`` ``budget_exhausted``,
+    ``Retry-After`` to the reset), streamed or not; before, always 500 ``server_error``."""
+    other = new_token()
+    tokens = {TOKEN: ("alice", "acme"), other: ("bob", "globex")}
+    config = http_sidecar_config(tmp_path_factory.mktemp("door-spent"), tokens, SCRIPTS)
+    config["budgets"] = {"tenant": {"day": {"tokens": 1_200}}, "assumed_max_output_tokens": 50}
+    sidecar = await sidecar_factory(config=config).start()
+    counting = CountingClient(sidecar)
+    with pytest.raises(openai.RateLimitError) as raised:
+        await counting.client.chat.completions.create(
+            model="scripted:overspends", messages=[{"role": "user", "content": "weather in Paris?"}]
+        )
+    assert raised.value.code == "budget_exhausted" and raised.value.type == "rate_limit_error"
+    assert "tenant/day budget" in raised.value.message
+    _refused_for_the_day(raised.value.response.headers)
+    assert len(counting.sent) == 1
+
+    # Streamed, on another tenant's day: the stream's error chunk is the same error body.
+    async with httpx2.AsyncClient(base_url=f"{http_base(sidecar)}/v1", timeout=30) as http:
+        body = {
+            "model": "scripted:overspends",
+            "messages": [{"role": "user", "content": "weather in Paris?"}],
+            "stream": True,
+        }
+        response = await http.post(
+            "/chat/completions", json=body, headers={"authorization": f"Bearer {other}"}
+        )
+    assert response.status_code == 200
+    errors = [line for line in response.text.splitlines() if line.startswith('data: {"error"')]
+    (line,) = errors
+    error = orjson.loads(line.removeprefix("data: "))["error"]
+    assert error["code"] == "budget_exhausted" and error["type"] == "rate_limit_error", error
     await counting.client.close()

@@ -40,6 +40,7 @@ from google.rpc import error_details_pb2, status_pb2
 from turnwire_client.metadata import EVENT_BATCHES_METADATA
 
 STATUS_DETAILS_KEY = "grpc-status-details-bin"
+_CODES: dict[int, grpc.StatusCode] = {code.value[0]: code for code in grpc.StatusCode}
 """The trailer that carries a status's ``google.rpc.Status`` (gRPC's richer error model)."""
 
 Metadata = tuple[tuple[str, str | bytes], ...]
@@ -105,6 +106,14 @@ class CallEnded(grpc.aio.AbortError):  # type: ignore[misc]  # grpc is untyped
         self.code = code
         self.details = details
         self.trailing_metadata = tuple(trailing_metadata)
+
+    @classmethod
+    def of_status(cls, status: status_pb2.Status) -> CallEnded:
+        """A turn's error (``TurnEnd.error``, a ``google.rpc.Status``) as the call ending it would
+        be: its code, message and details, so a door renders a failed turn as it renders a
+        refusal (its HTTP status, error body and retry headers)."""
+        code = _CODES.get(status.code, grpc.StatusCode.UNKNOWN)
+        return cls(code, status.message, [(STATUS_DETAILS_KEY, status.SerializeToString())])
 
     def status_details(self) -> Sequence[Any]:
         """The ``google.protobuf.Any`` details (ErrorInfo, BadRequest, RetryInfo …) of the

@@ -20,8 +20,10 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import grpc
 import orjson
 from google.protobuf.message import Message
+from google.rpc import status_pb2
 from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import Response
@@ -31,10 +33,11 @@ from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 from turnwire_server.http.calls import CallEnded, DoorCallInfo, InProcessCalls
 from turnwire_server.http.openai_door import call_info, json_response, read_body, struct_of
 from turnwire_server.http.openai_errors import bad_request, ended_error, ended_response
-from turnwire_server.http.retry_headers import TURN_RAN
 
 _SERVICE = "/turnwire.v1.ChatService/"
 _PARAMS = {"conversation_id": "conversation", "client_tools": "tools", "messages": "messages"}
+_NO_REASON = status_pb2.Status(code=grpc.StatusCode.INTERNAL.value[0], message="the turn failed")
+"""A failed turn's error when its ``TurnEnd`` carries none."""
 _ROLES = {
     "user": message_pb2.ROLE_USER,
     "system": message_pb2.ROLE_SYSTEM,
@@ -165,7 +168,7 @@ class _Completion:
         self.calls: dict[str, dict[str, Any]] = {}
         self.finish = "stop"
         self.usage: dict[str, Any] | None = None
-        self.error: dict[str, Any] | None = None
+        self.error: CallEnded | None = None  # the failed turn's TurnEnd.error
 
     def chunk(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         return {
@@ -218,12 +221,8 @@ class _Completion:
             elif self.finish == "tool_calls":
                 self.finish = "stop"
             if end.status in (event_pb2.TURN_STATUS_ERROR, event_pb2.TURN_STATUS_INTERRUPTED):
-                self.error = {
-                    "message": end.error.message or "the turn failed",
-                    "type": "server_error",
-                    "param": None,
-                    "code": "server_error",
-                }
+                error = end.error if end.HasField("error") else _NO_REASON
+                self.error = CallEnded.of_status(error)
             return [self.chunk({}, self.finish)]
         return []
 
@@ -354,12 +353,7 @@ class ChatCompletionsDoor:
             await self._forget(forget, call)
         if completion.error is not None:
             # The turn ran: sent again, it would run again (its tools, its billed steps).
-            return Response(
-                orjson.dumps({"error": completion.error}),
-                status_code=500,
-                media_type="application/json",
-                headers=TURN_RAN,
-            )
+            return ended_response(completion.error, param_names=_PARAMS, started=True)
         return json_response(completion.whole())
 
     async def _sse(
@@ -380,7 +374,7 @@ class ChatCompletionsDoor:
                     if chunks := data_lines(completion.feed(item.event)):
                         yield chunks
             if completion.error is not None:
-                yield data_lines([{"error": completion.error}])
+                yield data_lines([ended_error(completion.error, param_names=_PARAMS)[1]])
             elif include_usage:
                 yield data_lines([{**completion.chunk({}), "choices": [], "usage": completion.usage}])
             yield b"data: [DONE]\n\n"
