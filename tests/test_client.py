@@ -987,7 +987,11 @@ async def test_run_chat_piped_shows_no_spinner(service: tuple[FakeChatService, s
     assert "waiting" not in output() and "\x1b" not in output()
     # The request id `turnwire cancel` needs goes to stderr once the turn was accepted.
     [announced] = errors().splitlines()
-    assert re.fullmatch(r"request (cli-\w+) · `turnwire cancel \1` cancels it while it runs", announced)
+    # Named with the sidecar's --target (not the default one here): the command must reach it.
+    assert re.fullmatch(
+        rf"request (cli-\w+) · `turnwire cancel \1 --target {re.escape(target)}` cancels it while it runs",
+        announced,
+    )
 
 
 async def test_run_cancel_of_an_unknown_turn_says_so_on_stderr(service: tuple[FakeChatService, str]) -> None:

@@ -80,10 +80,14 @@ class TurnRenderer:
         *,
         err_console: Console | None = None,
         conversation_id: str = "CONVERSATION",
+        target_flag: str = "",
     ) -> None:
         self.console = console
         self.request_id = request_id
         self.conversation_id = conversation_id
+        #: `` --target HOST:PORT`` when the sidecar is not the default one: the commands it prints
+        #: must reach the same sidecar.
+        self.target_flag = target_flag
         #: Where the request id goes once the turn is accepted, when ``console`` shows no spinner.
         self.err_console = err_console
         self.at_line_start = True
@@ -142,7 +146,8 @@ class TurnRenderer:
             return
         self.err_console.print(
             Text(
-                f"request {self.request_id} · `turnwire cancel {self.request_id}` cancels it while it runs",
+                f"request {self.request_id} · `turnwire cancel {self.request_id}{self.target_flag}`"
+                " cancels it while it runs",
                 style="dim",
             ),
             soft_wrap=True,

@@ -198,7 +198,13 @@ async def run_turn(
     # A followed turn's id is the one its caller gave, and the turn may have ended long ago: no
     # "cancels it while it runs" line for it.
     announce_to = None if following else err
-    renderer = TurnRenderer(out, request_id, err_console=announce_to, conversation_id=conversation_id)
+    renderer = TurnRenderer(
+        out,
+        request_id,
+        err_console=announce_to,
+        conversation_id=conversation_id,
+        target_flag=target_flag(connection.target),
+    )
     try:
         # Progress keepalives (a turn silent for limits.progress_interval_seconds) update the
         # spinner: a turn queued behind another says so instead of "waiting for the sidecar".
@@ -259,13 +265,19 @@ async def run_turn(
     return EXIT_OK if result.ok else EXIT_TURN_FAILED
 
 
+def target_flag(target: str) -> str:
+    """`` --target TARGET`` for a command printed as a hint, empty for the default target (a
+    command without it would reach another sidecar)."""
+    return "" if target == DEFAULT_TARGET else f" --target {target}"
+
+
 def _follow_up(request_id: str, conversation_id: str, target: str, *, stored: bool) -> str:
     """How to follow turn ``request_id`` again after the connection to the sidecar at ``target``
     was lost during it: ``stored``, its input is durable (``TurnStart`` came, docs/semantics.md
     §5), and ``resume`` follows it on any replica, or replays how it ended (a sidecar that stopped
     recovers or ends its turns when it starts, §8); before that, the input may not have been
     stored. The commands name ``target`` unless it is the default one."""
-    where = "" if target == DEFAULT_TARGET else f" --target {target}"
+    where = target_flag(target)
     resume = f"`turnwire resume {request_id}{where}`"
     if stored:
         return (
