@@ -1,7 +1,8 @@
 """Budget rows of ended periods are deleted by the maintenance sweep (``Store.expire_budget_periods``,
 ``budget_scopes.ended_periods``; docs/cost.md, "Budgets"): a tenant's or principal's day and month
 rows once the period before the current one is over too, never a row a running step reserved on,
-never a turn's or a conversation's; on SQLite and PostgreSQL alike."""
+never a turn's or a conversation's; a turn's own row once its turn ended
+(``Store.expire_turn_budgets``); on SQLite and PostgreSQL alike."""
 
 from __future__ import annotations
 
@@ -106,6 +107,8 @@ async def test_the_maintenance_sweep_deletes_them(store: Store, store_backend: S
     old_day = (now - dt.timedelta(days=3)).date().isoformat()
     today = now.date().isoformat()
     _insert(store_backend, ("tenant/day", "t", old_day), ("tenant/day", "t", today))
+    await _turn(store, store_backend, "r-ended", ended=True)
+    _insert(store_backend, ("turn", "r-ended", ""))
     submissions: Any = SimpleNamespace(expire=_nothing_expired)
     durability = DurabilitySettings(
         conversation_retention_seconds=0, event_retention_seconds=0, pending_expiry_seconds=0
@@ -115,6 +118,49 @@ async def test_the_maintenance_sweep_deletes_them(store: Store, store_backend: S
         await wait_until(lambda: _rows(store_backend) == {("tenant/day", "t", today)})
     finally:
         await maintenance.stop()
+
+
+async def _turn(store: Store, store_backend: StoreBackend, request_id: str, *, ended: bool) -> None:
+    """A stored turn of conversation ``c-<request_id>``, running or ended."""
+    turn = leased_turn(
+        request_id, f"c-{request_id}", "a", start_time=dt.datetime(2026, 11, 20, tzinfo=dt.UTC)
+    )
+    user = message_pb2.Message(id=f"u-{request_id}", role=message_pb2.ROLE_USER)
+    user.parts.add().text.text = "q"
+    await store.start_turn(turn, [user])
+    if ended:
+        store_backend.sql(
+            "UPDATE turns SET state = 'completed', end_time = start_time + 1 WHERE request_id = ?",
+            (request_id,),
+        )
+
+
+async def test_a_turns_own_row_goes_once_the_turn_ended(store: Store, store_backend: StoreBackend) -> None:
+    """Before, a turn's row stayed as long as its conversation: one row a budgeted turn."""
+    await _turn(store, store_backend, "r-ended", ended=True)
+    await _turn(store, store_backend, "r-ended-2", ended=True)
+    await _turn(store, store_backend, "r-running", ended=False)
+    kept = {
+        ("turn", "r-running", ""),  # its turn runs on: a recovery would charge it again
+        ("turn", "r-unknown", ""),  # no such turn stored (a turn's row is written with its turn)
+        ("conversation", "c-r-ended", ""),
+        ("tenant/day", "t", "2026-11-20"),
+    }
+    _insert(store_backend, ("turn", "r-ended", ""), ("turn", "r-ended-2", ""), *kept)
+    assert await store.expire_turn_budgets(1) == 1  # at most its limit
+    assert await store.expire_turn_budgets(100) == 1
+    assert _rows(store_backend) == kept
+    assert await store.expire_turn_budgets(100) == 0
+    with pytest.raises(ValueError, match="limit"):
+        await store.expire_turn_budgets(0)
+
+
+async def test_a_running_steps_reserved_turn_row_stays(store: Store, store_backend: StoreBackend) -> None:
+    key = BudgetKey("turn", "r-running")
+    await _reserve_on(store, key)
+    store_backend.sql("UPDATE turns SET end_time = start_time + 1 WHERE request_id = 'r-running'")
+    assert await store.expire_turn_budgets(100) == 0
+    assert tuple(key) in _rows(store_backend)
 
 
 async def _nothing_expired(now: dt.datetime, *, expiry_seconds: float) -> int:

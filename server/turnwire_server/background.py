@@ -149,6 +149,11 @@ def start_maintenance(
         "ended budget periods",
         lambda now: store.expire_budget_periods(*ended_periods(now), _BUDGET_ROWS_PER_SWEEP),
     )
+    # Turns' own budget rows once their turn ended: read by nothing, one a turn otherwise, for as
+    # long as its conversation lives.
+    maintenance.add_hook(
+        "ended turns' budgets", lambda now: store.expire_turn_budgets(_BUDGET_ROWS_PER_SWEEP)
+    )
     if durability.pending_expiry_seconds > 0:
         expiry = dt.timedelta(seconds=durability.pending_expiry_seconds)
         maintenance.add_hook("expired tool calls", lambda now: store.expire_pending_tool_calls(now - expiry))

@@ -49,6 +49,12 @@ class MaintenanceStore(Protocol):
         :class:`ValueError` for ``limit`` < 1 or a ``day`` or ``month`` of another form."""
         ...
 
+    async def expire_turn_budgets(self, limit: int) -> int:
+        """Delete up to ``limit`` (>= 1) rows of turns' own budgets (``turn`` scope) whose turn has
+        ended, without a reservation of a running step on them (docs/cost.md, "Budgets"). Returns
+        how many were deleted. Raises :class:`ValueError` for ``limit`` < 1."""
+        ...
+
     async def expire_pending_tool_calls(self, cutoff: dt.datetime) -> int:
         """Give every call still waiting for the client (a client call without a result, an
         approval request) whose assistant message was created before ``cutoff`` an errored

@@ -8,7 +8,7 @@ from typing import Final
 
 from turnwire_server.store.core.sql import Dialect, Program, Statement
 
-__all__ = ["expire_budget_periods", "expire_events"]
+__all__ = ["expire_budget_periods", "expire_events", "expire_turn_budgets"]
 
 _ENDED_STREAMS: Final = (
     "SELECT request_id FROM turn_streams"
@@ -68,6 +68,40 @@ def _expire_budget_periods(day: str, month: str, limit: int, dialect: Dialect) -
     found = yield [
         Statement(_ENDED_PERIODS + dialect.claim_rows, (max(day, month), day, month, limit), fetch=True)
     ]
+    keys = [tuple(row) for row in found[0]]
+    yield [
+        Statement(
+            "DELETE FROM budget_spend WHERE scope = ? AND scope_key = ? AND period = ?", keys, many=True
+        )
+    ]
+    return len(keys)
+
+
+_ENDED_TURN_BUDGETS: Final = (
+    # A turn's own budget row (scope 'turn', keyed by its request id) once the turn has ended: its
+    # last settlement rode the write that ended it, and no later attempt charges it. The primary
+    # key serves the scope's range; the turn is found by its own.
+    "SELECT scope, scope_key, period FROM budget_spend b WHERE scope = 'turn'"
+    " AND EXISTS (SELECT 1 FROM turns t WHERE t.request_id = b.scope_key AND t.end_time IS NOT NULL)"
+    " AND NOT EXISTS (SELECT 1 FROM budget_reservations r"
+    " WHERE r.scope = b.scope AND r.scope_key = b.scope_key AND r.period = b.period)"
+    " LIMIT ?"
+)
+
+
+def expire_turn_budgets(limit: int) -> Callable[[Dialect], Program[int]]:
+    """``Store.expire_turn_budgets``: up to ``limit`` (>= 1) rows of turns' own budgets
+    (``turn`` scope) whose turn has ended and that no step reserved on are deleted; returns how
+    many. Rows another writer is expiring or charging at the same moment are skipped (the
+    dialect's ``claim_rows``). Returns the program's maker. Raises :class:`ValueError` for
+    ``limit`` < 1 (at once)."""
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
+    return functools.partial(_expire_turn_budgets, limit)
+
+
+def _expire_turn_budgets(limit: int, dialect: Dialect) -> Program[int]:
+    found = yield [Statement(_ENDED_TURN_BUDGETS + dialect.claim_rows, (limit,), fetch=True)]
     keys = [tuple(row) for row in found[0]]
     yield [
         Statement(

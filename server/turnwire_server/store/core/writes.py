@@ -319,6 +319,10 @@ class CoreWrites:
             "expire_budget_periods", lambda _: make(self._dialect), Commit(urgent=False)
         )
 
+    async def expire_turn_budgets(self, limit: int) -> int:
+        make = retention_writes.expire_turn_budgets(limit)
+        return await self._commit("expire_turn_budgets", lambda _: make(self._dialect), Commit(urgent=False))
+
     async def charge_budget(
         self, charge: BudgetCharge, *, checkpoint: message_pb2.Message | None = None
     ) -> BudgetGrant:
