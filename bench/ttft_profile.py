@@ -64,6 +64,10 @@ async def main() -> None:
     )
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--out", type=Path, help="keep the collapsed stacks here")
+    parser.add_argument(
+        "--gil", action="store_true", help="only samples of the thread holding the interpreter lock"
+    )
+    parser.add_argument("--threads", action="store_true", help="each sample's thread as its first frame")
     args = parser.parse_args()
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCH), os.environ.get("PYTHONPATH")]))
@@ -93,6 +97,8 @@ async def main() -> None:
                 "--output",
                 str(out),
                 "--nonblocking",
+                *(["--gil"] if args.gil else []),
+                *(["--threads"] if args.threads else []),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
