@@ -40,8 +40,8 @@ from google.rpc import error_details_pb2, status_pb2
 from turnwire_client.metadata import EVENT_BATCHES_METADATA
 
 STATUS_DETAILS_KEY = "grpc-status-details-bin"
-_CODES: dict[int, grpc.StatusCode] = {code.value[0]: code for code in grpc.StatusCode}
 """The trailer that carries a status's ``google.rpc.Status`` (gRPC's richer error model)."""
+_CODES: dict[int, grpc.StatusCode] = {code.value[0]: code for code in grpc.StatusCode}
 
 Metadata = tuple[tuple[str, str | bytes], ...]
 """gRPC invocation metadata: lowercase keys; ``bytes`` values for keys ending in ``-bin``."""
@@ -113,7 +113,8 @@ class CallEnded(grpc.aio.AbortError):  # type: ignore[misc]  # grpc is untyped
         be: its code, message and details, so a door renders a failed turn as it renders a
         refusal (its HTTP status, error body and retry headers)."""
         code = _CODES.get(status.code, grpc.StatusCode.UNKNOWN)
-        return cls(code, status.message, [(STATUS_DETAILS_KEY, status.SerializeToString())])
+        message = status.message or "the turn failed"
+        return cls(code, message, [(STATUS_DETAILS_KEY, status.SerializeToString())])
 
     def status_details(self) -> Sequence[Any]:
         """The ``google.protobuf.Any`` details (ErrorInfo, BadRequest, RetryInfo …) of the
