@@ -162,6 +162,27 @@ def test_config_snippet_is_a_valid_configuration(
     load_settings(path)
 
 
+_ENV_SETTING = re.compile(r"\b\w+_env:\s*(TURNWIRE_\w+)")
+
+
+def test_no_variable_a_setting_names_is_one_serve_warns_about() -> None:
+    """A ``*_env`` setting in the docs (``secret_env``, ``tokens_env``, ``password_env`` …) names a
+    variable that ``turnwire serve`` does not then warn about as a misspelt ``TURNWIRE_*`` setting:
+    a reader who copies the example gets no warning about it."""
+    from turnwire_server.config import Settings
+    from turnwire_server.config_hints import unknown_variables
+
+    files = [*DOCUMENTS, *sorted((REPO / "deploy").rglob("*.yaml"))]
+    named = {
+        f"{path.relative_to(REPO)}: {name}": name
+        for path in files
+        if path.exists()
+        for name in _ENV_SETTING.findall(path.read_text())
+    }
+    warned = {where: unknown_variables({name: "x"}, Settings) for where, name in named.items()}
+    assert {where: warnings for where, warnings in warned.items() if warnings} == {}
+
+
 async def test_the_full_sample_config_says_what_it_needs_and_runs_without_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

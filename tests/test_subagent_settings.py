@@ -75,6 +75,10 @@ async def test_a_subagent_is_offered_as_a_tool_beside_the_server_tools() -> None
         ({**ENTRY, "model": "nowhere:model"}, r"subagents\[0\] \(researcher\)\.model"),
         ({**ENTRY, "middleware": [{"remote": {"address": "127.0.0.1:1"}}]}, "only in-process entries"),
         ({**ENTRY, "output": {"type": "string"}}, r"\.output must be a JSON Schema of an object"),
+        (  # the sub-agent's own chain, named as its entry's, not as the top-level middleware's
+            {**ENTRY, "middleware": ["nowhere_module:Hook"]},
+            r"^subagents\[0\] \(researcher\)\.middleware\[0\] nowhere_module:Hook: No module named",
+        ),
     ],
 )
 async def test_start_up_refuses_what_cannot_run(entry: dict[str, Any], message: str) -> None:

@@ -137,6 +137,21 @@ async def test_refused_answers_store_nothing(store: Store) -> None:
     assert await store.load_messages(CONVERSATION) == before
 
 
+async def test_an_approval_id_given_as_the_call_id_says_to_answer_with_the_call_id(store: Store) -> None:
+    """ToolApprovalRequest carries both ids; an answer names the call by ``tool_call_id``. Given
+    the approval id instead, the refusal (nothing stored) says which call it belongs to."""
+    await _store(store, _user("u1", "go"), _reply("a1", ("p1", "approval")))
+    before = await store.load_messages(CONVERSATION)
+    with pytest.raises(ToolCallNotFound) as refused:
+        await store.answer_tool_calls(CONVERSATION, [ToolCallAnswer("ap-p1", "approve")], expired_before=None)
+    assert str(refused.value) == (
+        "conversation 'conv-tools' has no tool call 'ap-p1'; that is the approval id of call 'p1': "
+        "answer with its tool_call_id"
+    )
+    assert refused.value.tool_call_id == "ap-p1"
+    assert await store.load_messages(CONVERSATION) == before
+
+
 async def test_answers_record_results_errors_approvals_and_denials(store: Store) -> None:
     await _store(
         store, _user("u1", "go"), _reply("a1", ("c1", "client"), ("p1", "approval"), ("p2", "approval"))

@@ -9,7 +9,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import web
+from pydantic import ValidationError
 
+from turnwire_server.webhooks.settings import WebhookEndpointSettings
 from turnwire_server.webhooks.targets import IpNetwork, WebhookCaller, refusal_of
 
 LOOPBACK: list[IpNetwork] = [ipaddress.ip_network("127.0.0.0/8")]
@@ -103,3 +105,23 @@ async def test_redirects_are_not_followed_and_answers_are_read_bounded(receiver:
 async def test_a_closed_port_is_a_retryable_failure() -> None:
     status, error, refused = await _post("http://127.0.0.1:9/hook", LOOPBACK)
     assert (status, refused) == (None, False) and error is not None and error.startswith("cannot connect")
+
+
+LEGACY_HOSTS = ["2130706433", "127.1", "0127.0.0.1", "017700000001"]
+
+
+@pytest.mark.parametrize("host", LEGACY_HOSTS)
+async def test_a_number_that_is_no_dotted_quad_is_refused_not_retried(host: str) -> None:
+    """aiohttp never calls these legacy IPv4 forms: the attempt is refused (no retry) and says
+    how to write the address, rather than failing as InvalidUrlClientError until the retry
+    period ends."""
+    status, error, refused = await _post(f"http://{host}:9/hook", LOOPBACK)
+    assert (status, refused) == (None, True), error
+    assert error is not None and "dotted-quad" in error and host in error
+
+
+@pytest.mark.parametrize("host", LEGACY_HOSTS)
+def test_an_endpoint_url_with_such_a_number_is_a_configuration_error(host: str) -> None:
+    with pytest.raises(ValidationError, match="dotted-quad"):
+        WebhookEndpointSettings(url=f"http://{host}/hook", secret_env="SECRET")
+    assert WebhookEndpointSettings(url="http://192.0.2.10/hook", secret_env="SECRET").url

@@ -36,7 +36,8 @@ async def build_subagents(
     """The sub-agents of ``settings`` over the server's ``tools`` (bind the engine to them
     afterwards). ``load_middlewares`` loads a chain as the top-level one is loaded; ``detached``
     delivers the answers of detached sub-agents (bind it to the submissions once they exist). Raises
-    :class:`SubagentConfigError`, or what ``load_middlewares`` raises."""
+    :class:`SubagentConfigError`, naming the entry (``subagents[i] (name)``) for a chain that
+    does not load too."""
     names = {entry.name for entry in settings.subagents}
     built: list[Subagent] = []
     for index, entry in enumerate(settings.subagents):
@@ -61,13 +62,17 @@ async def build_subagents(
             raise SubagentConfigError(
                 f"{where}.middleware: only in-process entries (path:) are supported for a sub-agent"
             )
+        try:
+            middlewares = load_middlewares(entry.middleware)
+        except Exception as error:  # its message starts "middleware[i] PATH": say whose chain
+            raise SubagentConfigError(f"{where}.{error}") from error
         subagent = Subagent(
             name=entry.name,
             description=entry.description,
             model=entry.model or "",
             system_prompt=entry.system_prompt or "",
             tools=tuple(entry.tools),
-            middlewares=load_middlewares(entry.middleware),
+            middlewares=middlewares,
             max_steps=entry.max_steps,
             output=entry.output,
             detached=entry.detached,

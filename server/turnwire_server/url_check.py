@@ -4,6 +4,7 @@ internal error of every turn (``OverflowError: port must be 0-65535`` from the s
 
 from __future__ import annotations
 
+import ipaddress
 from urllib.parse import urlsplit
 
 
@@ -22,3 +23,20 @@ def check_http_url(value: str, example: str) -> str:
     except ValueError:
         raise ValueError(f"{value!r} has no valid port (0-65535); write it like {example}") from None
     return value
+
+
+def numeric_host_problem(host: str) -> str | None:
+    """What is wrong with ``host`` when it is written as a number but not as a dotted-quad IPv4
+    address (``2130706433``, ``127.1``, ``010.0.0.1``), else None. aiohttp refuses these legacy
+    forms (the resolver would map them onto an address no check saw), so a webhook URL with one
+    can never be called: it is refused where it is given (docs/webhooks.md)."""
+    if not host or not host.replace(".", "").isdigit():
+        return None
+    try:
+        ipaddress.IPv4Address(host)
+    except ValueError:
+        return (
+            f"host {host[:64]!r} is a number but not a dotted-quad IPv4 address; write the address "
+            "as four decimal octets (192.0.2.10) or use a host name"
+        )
+    return None

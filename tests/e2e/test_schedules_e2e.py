@@ -125,12 +125,17 @@ async def test_bad_timing_is_invalid_argument_with_the_field(sidecar_factory: Si
             ({"cron": "61 * * * *"}, "schedule.cron"),
             ({"cron": "* * * * *", "time_zone": "Mars/Olympus"}, "schedule.time_zone"),
             ({}, "schedule.cron"),
+            # SubmitMessages' own `model` check, under the schedule's input
+            ({"cron": "0 9 * * *", "model": "nope:x"}, "schedule.input.model"),
+            ({"cron": "0 9 * * *", "model": "scripted:nope"}, "schedule.input.model"),
         ]
         for options, field in cases:
             with pytest.raises(TurnwireError) as refused:
                 await client.create_schedule("c", "ping", **options)
             assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
             assert field in {name for name, _ in refused.value.field_violations}, refused.value
+            assert refused.value.message.startswith(f"{field}: "), refused.value
+        assert (await client.list_schedules()).schedules == []  # nothing stored
         await client.create_schedule("c", "ping", cron="0 9 * * *", schedule_id="dup")
         with pytest.raises(TurnwireError) as taken:
             await client.create_schedule("c", "ping", cron="0 9 * * *", schedule_id="dup")

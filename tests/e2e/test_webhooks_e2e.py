@@ -139,6 +139,7 @@ async def test_calls_are_signed_on_every_end_and_non_public_targets_are_refused(
             for target, field in (
                 ({"url": "http://10.1.2.3/hook"}, "webhook.url"),
                 ({"url": "http://[::1]:8080/hook"}, "webhook.url"),
+                ({"url": "http://2130706433/hook"}, "webhook.url"),  # never callable: no dotted quad
                 ("nope", "webhook.endpoint"),
             ):
                 with pytest.raises(TurnwireError) as refused:

@@ -303,7 +303,11 @@ class ScheduleRpcs:
                 raise invalid_argument(violations)
             json_object(schedule.input.body, "schedule.input.body")
             json_object(schedule.input.metadata, "schedule.input.metadata")
-            self.engine.providers.resolve(schedule.input.model or self.default_model)
+            try:
+                self.engine.providers.resolve(schedule.input.model or self.default_model)
+            except UnknownModel as error:  # SubmitMessages' `model`, under the schedule's input
+                violation = ("schedule.input.model", str(error))
+                raise invalid_argument([violation], reason="UNKNOWN_MODEL") from None
             stored = chat_service_pb2.Schedule()
             stored.CopyFrom(schedule)
             for name in _OUTPUT_ONLY:
@@ -323,7 +327,7 @@ class ScheduleRpcs:
                     principal=caller_principal(),
                 )
             )
-        except (TurnwireStatusError, UnknownModel, StoreError) as error:
+        except (TurnwireStatusError, StoreError) as error:
             await abort(context, status_error_of(error))
             raise AssertionError("unreachable") from None
         if self.scheduler is not None:

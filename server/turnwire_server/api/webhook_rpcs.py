@@ -24,7 +24,7 @@ from turnwire_server.api.turn_streams import abort
 from turnwire_server.api.validation import check_id
 from turnwire_server.store.errors import InvalidPageToken, StoreError
 from turnwire_server.store.webhooks import WebhookDeliveryRecord
-from turnwire_server.url_check import check_http_url
+from turnwire_server.url_check import check_http_url, numeric_host_problem
 from turnwire_server.webhooks.settings import ENDPOINT_NAME, WebhookSettings
 from turnwire_server.webhooks.targets import refusal_of
 
@@ -88,6 +88,9 @@ def _checked_url(
         return None
     if urlsplit(url).username is not None:
         violations.append((path, "must not hold credentials (user:password@); the call is signed instead"))
+        return None
+    if (problem := numeric_host_problem(urlsplit(url).hostname or "")) is not None:
+        violations.append((path, problem))
         return None
     try:
         address = ipaddress.ip_address(urlsplit(url).hostname or "")

@@ -466,8 +466,13 @@ class ToolCallNotFound(ToolCallRefusal):
     error_reason = reasons.ERROR_REASON_TOOL_CALL_NOT_FOUND
     status_code = CanonicalCode.NOT_FOUND
 
-    def __init__(self, conversation_id: str, tool_call_id: str) -> None:
-        super().__init__(f"conversation {conversation_id!r} has no tool call {tool_call_id!r}")
+    def __init__(self, conversation_id: str, tool_call_id: str, approval_of: str | None = None) -> None:
+        """``approval_of``: the call whose approval id (``ToolApprovalRequest.approval_id``) was
+        given where its ``tool_call_id`` belongs; the message says to answer with the call id."""
+        message = f"conversation {conversation_id!r} has no tool call {tool_call_id!r}"
+        if approval_of is not None:
+            message += f"; that is the approval id of call {approval_of!r}: answer with its tool_call_id"
+        super().__init__(message)
         self.conversation_id = conversation_id
         self.tool_call_id = tool_call_id
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 import ipaddress
 import re
 from typing import Final
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
 from turnwire_server.config_section import ConfigSection
 from turnwire_server.redaction import secret
-from turnwire_server.url_check import check_http_url
+from turnwire_server.url_check import check_http_url, numeric_host_problem
 
 __all__ = ["ENDPOINT_NAME", "WebhookEndpointSettings", "WebhookSettings"]
 
@@ -39,7 +40,10 @@ class WebhookEndpointSettings(ConfigSection):
     @field_validator("url")
     @classmethod
     def _http_url(cls, value: str) -> str:
-        return check_http_url(value, _URL_EXAMPLE)
+        check_http_url(value, _URL_EXAMPLE)
+        if (problem := numeric_host_problem(urlsplit(value).hostname or "")) is not None:
+            raise ValueError(problem)
+        return value
 
 
 class WebhookSettings(ConfigSection):

@@ -12,6 +12,8 @@ the maintained ``standardwebhooks`` library's :meth:`Webhook.sign`.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import datetime as dt
 import os
 from collections.abc import Mapping
@@ -25,6 +27,10 @@ from turnwire_server.tenant_keys import SEPARATOR, tenant_of_key
 from turnwire_server.webhooks.settings import WebhookSettings
 
 __all__ = ["MissingSecret", "Signers", "signed_headers", "webhook_body"]
+
+_PREFIX = "whsec_"
+_MIN_KEY_BYTES = 24
+_SECRET_FORM = "whsec_ and standard base64 of 24-64 random bytes"
 
 
 class MissingSecret(ValueError):
@@ -103,11 +109,28 @@ class Signers:
 
 
 def _signer(env: Mapping[str, str], variable: str, setting: str) -> Webhook:
-    value = env.get(variable, "")
+    """The signer of the secret in ``variable``. Checked strictly, as every verifier decodes it:
+    standard base64 (the Python library's lenient decoding drops ``-`` and ``_``, so a URL-safe
+    secret signed with another key than the one Node.js's or Go's verifier refuses to read), of
+    at least 24 bytes (the specification's minimum; ``whsec_mysecret`` is six)."""
+    value = env.get(variable, "").strip()  # a file's trailing newline is no part of it
     if not value:
         raise MissingSecret(
             f"{setting} names the environment variable {variable}, which is unset or empty; set it "
-            "to a signing secret (whsec_ and base64 of 24-64 random bytes)"
+            f"to a signing secret ({_SECRET_FORM})"
+        )
+    try:
+        key = base64.b64decode(value.removeprefix(_PREFIX), validate=True)
+    except binascii.Error:
+        raise MissingSecret(
+            f"the environment variable {variable} ({setting}) holds no valid signing secret: it is "
+            f"not standard base64 after whsec_ (URL-safe '-' and '_' are not read alike by every "
+            f"verifier); it must be {_SECRET_FORM}"
+        ) from None
+    if len(key) < _MIN_KEY_BYTES:
+        raise MissingSecret(
+            f"the environment variable {variable} ({setting}) holds a signing secret of {len(key)} "
+            f"bytes; it must be {_SECRET_FORM}"
         )
     try:
         return Webhook(value)

@@ -25,6 +25,8 @@ import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import ThreadedResolver
 
+from turnwire_server.url_check import numeric_host_problem
+
 __all__ = ["CallOutcome", "TargetRefused", "WebhookCaller", "refusal_of"]
 
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -143,8 +145,11 @@ class WebhookCaller:
 
     def check_literal(self, url: str) -> None:
         """Raise :class:`TargetRefused` when ``url``'s host is an IP address that may not be
-        called (a literal address never reaches the resolver)."""
+        called (a literal address never reaches the resolver), or a number that is not one
+        (:func:`numeric_host_problem`)."""
         host = urlsplit(url).hostname or ""
+        if (problem := numeric_host_problem(host)) is not None:
+            raise TargetRefused(f"the target's {problem}")
         try:
             address = ipaddress.ip_address(host)
         except ValueError:

@@ -83,16 +83,21 @@ def answer_calls(
     holder: int | None = None
     located: list[message_pb2.ToolCallPart] = []
     index_of: dict[str, tuple[int, message_pb2.ToolCallPart]] = {}
+    call_of_approval: dict[str, str] = {}  # for the error of an approval id given as a call id
     for index, message in enumerate(messages):
         if message.role != message_pb2.ROLE_ASSISTANT:
             continue
         for part in message.parts:
             if part.WhichOneof("kind") == "tool_call":
                 index_of.setdefault(part.tool_call.tool_call_id, (index, part.tool_call))
+                if part.tool_call.approval.id:
+                    call_of_approval[part.tool_call.approval.id] = part.tool_call.tool_call_id
     for answer in answers:
         found = index_of.get(answer.tool_call_id)
         if found is None:
-            raise ToolCallNotFound(conversation_id, answer.tool_call_id)
+            raise ToolCallNotFound(
+                conversation_id, answer.tool_call_id, approval_of=call_of_approval.get(answer.tool_call_id)
+            )
         index, call = found
         if holder is None:
             holder = index
