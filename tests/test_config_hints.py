@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from turnwire_server.config import ConfigError, Settings, load_settings
-from turnwire_server.config_hints import unknown_variables
+from turnwire_server.config_hints import unknown_variables, variables_named
 
 
 def _error(tmp_path: Path, config: dict[str, Any]) -> str:
@@ -99,6 +99,29 @@ def test_misspelt_variables_are_reported_and_the_clients_are_not() -> None:
         "TURNWIRE_LIMIT__MAX_STEPS is ignored: the top level has no setting 'limit'; "
         "did you mean TURNWIRE_LIMITS?",
     ]
+
+
+def test_a_variable_a_setting_reads_by_name_is_not_reported(tmp_path: Path) -> None:
+    """A fresh-user trial: ``secret_env: TURNWIRE_WEBHOOK_SECRET`` (the webhooks page's example then)
+    made every start warn that the variable, which the sidecar reads, "is ignored"."""
+    path = tmp_path / "turnwire.yaml"
+    config = {
+        "webhooks": {
+            "endpoints": {"app": {"url": "https://app.example/hook", "secret_env": "TURNWIRE_HOOK_KEY"}}
+        },
+        "auth": {"enabled": True, "tokens_env": "TURNWIRE_TOKENS_JSON"},
+        "providers": {"o": {"type": "openai", "api_key_env": "TURNWIRE_OPENAI_KEY"}},
+    }
+    path.write_text(yaml.safe_dump(config))
+    named = variables_named(load_settings(path))
+    assert {"TURNWIRE_HOOK_KEY", "TURNWIRE_TOKENS_JSON", "TURNWIRE_OPENAI_KEY"} <= named
+    environ = {name: "x" for name in ("TURNWIRE_HOOK_KEY", "TURNWIRE_TOKENS_JSON", "TURNWIRE_OPENAI_KEY")}
+    environ["TURNWIRE_LIMITS__MAX_STEP"] = "3"
+    assert unknown_variables(environ, Settings, named) == [
+        "TURNWIRE_LIMITS__MAX_STEP is ignored: LIMITS has no setting 'max_step'; "
+        "did you mean TURNWIRE_LIMITS__MAX_STEPS?"
+    ]
+    assert len(unknown_variables(environ, Settings)) == 4  # read by no setting, each is reported
 
 
 def test_a_bad_header_value_is_reported_without_the_value(tmp_path: Path) -> None:

@@ -62,13 +62,22 @@ def fields_at(root: type[BaseModel], path: Sequence[int | str]) -> list[str] | N
     return sorted(names) or None
 
 
-def unknown_variables(environ: Mapping[str, str], root: type[BaseModel]) -> list[str]:
+def unknown_variables(
+    environ: Mapping[str, str], root: type[BaseModel], named: Iterable[str] = ()
+) -> list[str]:
     """One warning per ``TURNWIRE_*`` variable that names no setting (pydantic-settings ignores
-    them silently). Sections are joined by ``__``; names are case-insensitive."""
+    them silently). Sections are joined by ``__``; names are case-insensitive. ``named``: the
+    variables the loaded settings read by name (:func:`variables_named`), never warned about."""
     warnings = []
+    used = {name.upper() for name in named}
     for variable in sorted(environ):
         upper = variable.upper()
-        if not upper.startswith("TURNWIRE_") or upper in NOT_SETTINGS or upper.startswith("TURNWIRE_TEST_"):
+        if (
+            not upper.startswith("TURNWIRE_")
+            or upper in NOT_SETTINGS
+            or upper in used
+            or upper.startswith("TURNWIRE_TEST_")
+        ):
             continue
         path = [part.lower() for part in upper.removeprefix("TURNWIRE_").split("__")]
         for depth, part in enumerate(path):
@@ -86,6 +95,31 @@ def unknown_variables(environ: Mapping[str, str], root: type[BaseModel]) -> list
                 warnings.append(f"{variable} is ignored: {where} has no setting {part!r}{hint}")
                 break
     return warnings
+
+
+def variables_named(settings: BaseModel) -> set[str]:
+    """The environment variables ``settings`` reads by name: the values of its ``*_env`` fields
+    (``api_key_env``, ``tokens_env``, ``secret_env``, ``password_env`` …) at any depth, in lists
+    and mappings too."""
+    found: set[str] = set()
+
+    def visit(value: Any) -> None:
+        if isinstance(value, BaseModel):
+            for name in type(value).model_fields:
+                field = getattr(value, name)
+                if name.endswith("_env") and isinstance(field, str):
+                    found.add(field)
+                else:
+                    visit(field)
+        elif isinstance(value, Mapping):
+            for item in value.values():
+                visit(item)
+        elif isinstance(value, list | tuple):
+            for item in value:
+                visit(item)
+
+    visit(settings)
+    return found
 
 
 def _step(annotation: Any, part: int | str) -> Any:

@@ -106,3 +106,24 @@ async def test_config_show_refuses_what_serve_refuses(tmp_path: Path) -> None:
     served = await run_turnwire("serve", "--config", str(config), "--store", f"sqlite:///{tmp_path / 'db'}")
     assert served.code == 1, served
     assert "default_model:" in served.stderr
+
+
+async def test_a_variable_a_setting_names_is_not_warned_about(tmp_path: Path) -> None:
+    """A fresh-user trial: the webhooks page's ``secret_env: TURNWIRE_WEBHOOK_SECRET`` made every
+    start warn that the variable, which the sidecar reads, "is ignored"; a misspelt one still is."""
+    config = tmp_path / "turnwire.yaml"
+    config.write_text(
+        "webhooks:\n  endpoints:\n"
+        "    app: {url: 'https://app.example/hook', secret_env: TURNWIRE_WEBHOOK_SECRET}\n"
+    )
+    secret = "whsec_" + "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo="  # standard base64 of 26 bytes
+    result = await run_turnwire(
+        "config",
+        "show",
+        "--config",
+        str(config),
+        env={"TURNWIRE_WEBHOOK_SECRET": secret, "TURNWIRE_LIMIT__MAX_STEPS": "3"},
+    )
+    assert result.code == 0, result.stderr
+    assert "TURNWIRE_WEBHOOK_SECRET" not in result.stderr
+    assert "TURNWIRE_LIMIT__MAX_STEPS is ignored" in result.stderr

@@ -64,7 +64,7 @@ def serve(
         logging.getLogger("turnwire.server").warning(
             "log_level is deprecated: use logging.level (TURNWIRE_LOGGING__LEVEL)"
         )
-    for warning in _unknown_variables():
+    for warning in _unknown_variables(settings):
         logging.getLogger("turnwire.server").warning("%s", warning)
     if settings.workers > 1:
         _supervise(settings)
@@ -80,14 +80,15 @@ def serve(
         raise typer.Exit(1) from None
 
 
-def _unknown_variables() -> list[str]:
-    """Warnings for TURNWIRE_* variables that name no setting (a misspelt one is otherwise ignored)."""
+def _unknown_variables(settings: Any) -> list[str]:
+    """Warnings for TURNWIRE_* variables that name no setting (a misspelt one is otherwise ignored),
+    but for those a ``*_env`` setting of ``settings`` names (``secret_env: TURNWIRE_WEBHOOK_SECRET``)."""
     import os
 
     from turnwire_server.config import Settings
-    from turnwire_server.config_hints import unknown_variables
+    from turnwire_server.config_hints import unknown_variables, variables_named
 
-    return unknown_variables(os.environ, Settings)
+    return unknown_variables(os.environ, Settings, variables_named(settings))
 
 
 def _supervise(settings: Any) -> None:
@@ -140,7 +141,7 @@ def config_show(
     except StartupError as error:
         typer.echo(f"turnwire: serve would refuse this configuration: {error}", err=True)
         raise typer.Exit(2) from None
-    for warning in _unknown_variables():
+    for warning in _unknown_variables(settings):
         typer.echo(f"turnwire: warning: {warning}", err=True)
     shown = redacted_settings(settings)
     if shown.get("log_level") is None:
