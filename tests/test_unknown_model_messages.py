@@ -89,3 +89,26 @@ async def test_a_provider_name_of_no_known_vendor_gets_no_guess() -> None:
         message
         == "model 'mine:model' names provider 'mine', which is not configured; configured: ['scripted']"
     )
+
+
+async def test_a_price_for_a_model_no_provider_serves_is_refused_at_start() -> None:
+    """A ``pricing.models`` id no configured provider serves (a misspelt provider or script) priced
+    nothing, silently, and a dollar budget then refused the model as unpriced (developer trial)."""
+    rates = {"input_mtok": 1.0, "output_mtok": 2.0}
+    message = await _start_error(pricing={"models": {"opnai:gpt-4o": rates}})
+    assert message.startswith("pricing.models['opnai:gpt-4o']: model 'opnai:gpt-4o' names provider 'opnai'")
+    assert message.endswith("; it would price nothing")
+    message = await _start_error(pricing={"models": {"scripted:dmeo": rates}})
+    assert "provider 'scripted' has no model 'dmeo'; its scripts: demo, summarizer" in message
+    await check_providers(Settings(pricing={"models": {"scripted:demo": rates}}))
+
+
+async def test_provider_ids_of_no_provider_entry_are_refused_at_start() -> None:
+    message = await _start_error(pricing={"provider_ids": {"openrouter": "openrouter"}})
+    assert message == (
+        "pricing.provider_ids['openrouter']: no provider entry is named 'openrouter' (configured: "
+        "['scripted']); key provider_ids by the entry's name under providers:"
+    )
+    await check_providers(
+        Settings(providers={"o": OPENAI, "scripted": {}}, pricing={"provider_ids": {"o": None}})
+    )

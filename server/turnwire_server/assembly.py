@@ -248,7 +248,10 @@ async def check_providers(settings: Settings) -> None:
 
 
 def check_models(providers: ProviderRegistry, settings: Settings) -> None:
-    """:func:`_check_model` of ``default_model`` and of every model ``fallback.models`` names.
+    """:func:`_check_model` of ``default_model``, of every model ``fallback.models`` names and of
+    every model ``pricing.models`` prices, and that each ``pricing.provider_ids`` key is a
+    configured provider entry: a price under a misspelt id priced nothing, silently, and a dollar
+    budget then refused the model as unpriced (developer trial).
     A ``default_model`` whose provider is not configured is also told to name a configured one
     (and, when it was left unset, that it is the embedded ``scripted:demo``)."""
     field = "default_model"
@@ -263,6 +266,14 @@ def check_models(providers: ProviderRegistry, settings: Settings) -> None:
     for model, fallbacks in settings.fallback.models.items():
         for model_id in (model, *fallbacks):
             _check_model(providers, model_id, f"fallback.models[{model!r}]")
+    for model_id in settings.pricing.models:
+        _check_model(providers, model_id, f"pricing.models[{model_id!r}]", "; it would price nothing")
+    for name in settings.pricing.provider_ids:
+        if name not in providers.providers:
+            raise StartupError(
+                f"pricing.provider_ids[{name!r}]: no provider entry is named {name!r} (configured: "
+                f"{configured}); key provider_ids by the entry's name under providers:"
+            )
 
 
 def _check_model(providers: ProviderRegistry, model: str, field: str, fix: str = "") -> None:
