@@ -55,6 +55,7 @@ __all__ = [
     "open_tools",
     "open_tracing",
     "warn_of_demo_tools",
+    "warn_of_sections_left_off",
 ]
 
 log = logging.getLogger("turnwire.server")
@@ -217,6 +218,31 @@ async def open_tools(settings: Settings) -> ToolSet:
             ", ".join(f"{source.kind} {source.name!r}" for source in missing),
         )
     return tool_set
+
+
+OPT_IN_SECTIONS = ("auth", "metrics", "tracing")
+"""The sections that are off unless ``enabled: true``, whatever else they set."""
+
+
+def warn_of_sections_left_off(settings: Settings) -> None:
+    """Warn of each section of :data:`OPT_IN_SECTIONS` that sets fields but leaves ``enabled``
+    unset, so stays off: ``auth: {tokens_file: …}`` alone ran every call unauthenticated, as the
+    default tenant, and ``metrics: {listen: …}`` served nothing, both without a word (developer
+    trial). An explicit ``enabled: false`` is not warned of. Called once start-up succeeded."""
+    for name in OPT_IN_SECTIONS:
+        section = getattr(settings, name)
+        given = sorted(section.model_fields_set - {"enabled"})
+        if given and "enabled" not in section.model_fields_set:
+            log.warning(
+                "%s is off: %s %s set but %s.enabled is not; set %s.enabled: true to turn it on "
+                "(or %s.enabled: false to keep it off without this warning)",
+                name,
+                ", ".join(f"{name}.{field}" for field in given),
+                "is" if len(given) == 1 else "are",
+                name,
+                name,
+                name,
+            )
 
 
 def warn_of_demo_tools(settings: Settings) -> None:
