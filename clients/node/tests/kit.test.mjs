@@ -287,6 +287,17 @@ test('ListTools answers the definitions', async () => {
     () => defineTool({ name: 'x', description: '', inputSchema: { type: 'string' }, execute() {} }),
     /object schema/,
   );
+  // A name the sidecar would leave out is refused here, as the Python and Go kits refuse it.
+  for (const name of ['look up', 'lookup.stock', 'x'.repeat(65)]) {
+    assert.throws(
+      () => defineTool({ name, description: '', inputSchema: { type: 'object' }, execute() {} }),
+      /use 1-64 of A-Z a-z 0-9 _ -/,
+    );
+  }
+  assert.equal(
+    defineTool({ name: 'Look_up-2', description: '', inputSchema: { type: 'object' }, execute() {} }).name,
+    'Look_up-2',
+  );
 });
 
 test('a generator tool streams its preliminary results in order, then its final one', async () => {
