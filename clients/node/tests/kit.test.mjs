@@ -163,6 +163,12 @@ test('the subscriptions are the hooks that have handlers, on HookSession', async
   assert.equal(answer.hookSession, true);
   assert.equal(answer.includeMessages, false);
   assert.throws(() => hooks({ beforeToolcall() {} }), /"beforeToolcall" is no hook/);
+  // No handler, or nothing to serve: refused, as the Python and Go kits refuse it (the sidecar
+  // would call nothing; developer trial).
+  assert.throws(() => hooks({}), /hooks\(\): no handler given/);
+  assert.throws(() => hooks({ beforeTurn: undefined }), /no handler given/);
+  await assert.rejects(serve({ listen: '127.0.0.1:0' }), /serve\(\): nothing to serve/);
+  await assert.rejects(serve({ tools: [], listen: '127.0.0.1:0' }), /nothing to serve/);
 });
 
 test('a deciding hook answers a plain object; no answer is no change', async () => {
