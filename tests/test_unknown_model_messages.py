@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from turnwire_server.assembly import StartupError, build_providers, check_providers
 from turnwire_server.config import Settings
@@ -112,3 +113,18 @@ async def test_provider_ids_of_no_provider_entry_are_refused_at_start() -> None:
     await check_providers(
         Settings(providers={"o": OPENAI, "scripted": {}}, pricing={"provider_ids": {"o": None}})
     )
+
+
+def test_a_dollar_budget_with_pricing_off_is_refused_at_start() -> None:
+    """``pricing.enabled: false`` makes every cost unknown, and a step of unknown cost is refused
+    under a dollar budget: every turn ended BUDGET_EXHAUSTED, told to price its model under
+    ``pricing.models``, which pricing off ignores (developer trial)."""
+    with pytest.raises(ValidationError) as refused:
+        Settings(pricing={"enabled": False}, budgets={"turn": {"usd": 1.0}, "tenant": {"day": {"usd": 5}}})
+    assert (
+        "budgets.turn.usd, budgets.tenant.day.usd limit US dollars, but pricing.enabled is false, so "
+        "no step has a price and every turn would end BUDGET_EXHAUSTED; turn pricing on, or limit "
+        "tokens instead"
+    ) in str(refused.value)
+    Settings(pricing={"enabled": False}, budgets={"turn": {"tokens": 1_000}})  # tokens need no price
+    Settings(budgets={"turn": {"usd": 1.0}})  # priced
