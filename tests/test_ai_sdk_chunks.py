@@ -420,3 +420,26 @@ def test_a_restarted_attempt_closes_what_the_earlier_one_left_open() -> None:
         {"type": "finish-step"},
         {"type": "finish", "finishReason": "stop"},
     ]
+
+
+def test_a_call_still_streaming_its_input_when_an_attempt_ends_is_closed_as_an_error() -> None:
+    """A recovery's new attempt after a call's input began streaming: the part would stay
+    ``input-streaming`` for good; it ends as a ``tool-input-error`` (the AI SDK's only end for it)."""
+    chunks = chunks_of(
+        [
+            {"turn_start": {"message_id": "tw-a-r1", "model": "scripted:x"}},
+            {"step_start": {}},
+            {"tool_input_start": {"tool_call_id": "c1", "tool_name": "calculator"}},
+            {"tool_input_delta": {"tool_call_id": "c1", "input_text_delta": '{"expr'}},
+            {"attempt_start": {"attempt": 2, "reason": "STREAM_STALLED", "appends": True}},
+            {"step_start": {}},
+            {"step_finish": {"finish_reason": "FINISH_REASON_STOP"}},
+            {"turn_end": {"status": "TURN_STATUS_COMPLETED"}},
+        ]
+    )
+    at = chunks.index({"type": "tool-input-delta", "toolCallId": "c1", "inputTextDelta": '{"expr'})
+    error, finish_step = chunks[at + 1 : at + 3]
+    assert error["type"] == "tool-input-error" and error["toolCallId"] == "c1" and error["input"] is None
+    assert error["toolName"] == "calculator" and "new attempt" in error["errorText"]
+    assert finish_step == {"type": "finish-step"}
+    assert [c["type"] for c in chunks].count("tool-input-error") == 1

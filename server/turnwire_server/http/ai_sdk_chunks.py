@@ -29,9 +29,10 @@ What maps, event → chunk:
   interrupted one.
 
 ``AttemptStart`` (a provider fallback's restart, a recovery) closes what the earlier attempt left
-open, its text and reasoning blocks and its step, so no part of the page's message stays
-``streaming``; the AI SDK has no chunk to take back what it showed, so the new attempt's chunks go
-on after the earlier attempt's.
+open, its text and reasoning blocks, a call whose input was still streaming (as a
+``tool-input-error``) and its step, so no part of the page's message stays streaming; the AI SDK
+has no chunk to take back what it showed, so the new attempt's chunks go on after the earlier
+attempt's.
 
 Not sent: ``Progress`` keepalives (no sequence number; the SSE response pings on its own) and
 ``ContextCompacted``. Turnwire streams no ``data-*`` parts.
@@ -87,6 +88,7 @@ class UIMessageStream:
     def __init__(self, *, message_id: str | None = None, known_calls: Iterable[str] = ()) -> None:
         self._message_id = message_id
         self._calls = set(known_calls)
+        self._streaming: dict[str, str] = {}  # call id → tool name, while its input streams
         self._open: dict[str, str] = {}  # open text/reasoning block key → its chunk type prefix
         self._started = False
         self._in_step = False
@@ -111,6 +113,18 @@ class UIMessageStream:
             out.append({"type": "finish-step"})
         elif kind == "attempt_start":
             self._close_blocks(out)
+            for call_id, name in self._streaming.items():  # the attempt that streamed it is over
+                out.append(
+                    {
+                        "type": "tool-input-error",
+                        "toolCallId": call_id,
+                        "toolName": name,
+                        "input": None,
+                        "errorText": "cut off: the turn started a new attempt before this call's "
+                        "input was complete",
+                    }
+                )
+            self._streaming.clear()
             if self._in_step:  # the step starts again (StepStart) on the new attempt
                 self._in_step = False
                 out.append({"type": "finish-step"})
@@ -156,8 +170,11 @@ class UIMessageStream:
 
     def _tool(self, kind: str, value: Any, out: list[Chunk]) -> None:
         call_id = value.tool_call_id
+        if kind != "tool_input_delta":
+            self._streaming.pop(call_id, None)
         if kind == "tool_input_start":
             self._calls.add(call_id)
+            self._streaming[call_id] = value.tool_name
             out.append(
                 {
                     "type": "tool-input-start",
