@@ -89,6 +89,11 @@ def test_a_section_set_up_but_not_enabled_is_warned_of(
         caplog, tracing={"endpoint": "http://127.0.0.1:4317", "service_name": "shop"}
     )
     assert message.startswith("tracing is off: tracing.endpoint, tracing.service_name are set but")
+    # The HTTP listener's switch is its address: an inspector without it served no page.
+    assert _section_warnings(caplog, http={"inspector": True}) == [
+        "http is off: http.inspector is set but http.listen is not; set http.listen: HOST:PORT to "
+        "turn it on (or http.listen: null to keep it off without this warning)"
+    ]
 
 
 @pytest.mark.parametrize(
@@ -98,6 +103,8 @@ def test_a_section_set_up_but_not_enabled_is_warned_of(
         {"metrics": {"enabled": True, "listen": "127.0.0.1:9999"}},
         {"metrics": {"enabled": False, "listen": "127.0.0.1:9999"}},  # off, as asked
         {"tracing": {"enabled": False, "endpoint": "http://127.0.0.1:4317"}},
+        {"http": {"listen": "127.0.0.1:8080", "inspector": True}},
+        {"http": {"listen": None, "inspector": True}},
     ],
 )
 def test_no_section_warning_when_enabled_is_said(

@@ -220,28 +220,40 @@ async def open_tools(settings: Settings) -> ToolSet:
     return tool_set
 
 
-OPT_IN_SECTIONS = ("auth", "metrics", "tracing")
-"""The sections that are off unless ``enabled: true``, whatever else they set."""
+OPT_IN_SECTIONS: dict[str, tuple[str, str, str]] = {
+    "auth": ("enabled", "true", "false"),
+    "metrics": ("enabled", "true", "false"),
+    "tracing": ("enabled", "true", "false"),
+    "http": ("listen", "HOST:PORT", "null"),
+}
+"""The sections that are off unless their switch is set, whatever else they set: section →
+(switch field, the value that turns it on, the one that keeps it off)."""
 
 
 def warn_of_sections_left_off(settings: Settings) -> None:
-    """Warn of each section of :data:`OPT_IN_SECTIONS` that sets fields but leaves ``enabled``
+    """Warn of each section of :data:`OPT_IN_SECTIONS` that sets fields but leaves its switch
     unset, so stays off: ``auth: {tokens_file: …}`` alone ran every call unauthenticated, as the
-    default tenant, and ``metrics: {listen: …}`` served nothing, both without a word (developer
-    trial). An explicit ``enabled: false`` is not warned of. Called once start-up succeeded."""
-    for name in OPT_IN_SECTIONS:
+    default tenant, ``metrics: {listen: …}`` served nothing and ``http: {inspector: true}`` served
+    no page, all without a word (developer trial). A switch set to off is not warned of. Called
+    once start-up succeeded."""
+    for name, (switch, on, off) in OPT_IN_SECTIONS.items():
         section = getattr(settings, name)
-        given = sorted(section.model_fields_set - {"enabled"})
-        if given and "enabled" not in section.model_fields_set:
+        given = sorted(section.model_fields_set - {switch})
+        if given and switch not in section.model_fields_set:
             log.warning(
-                "%s is off: %s %s set but %s.enabled is not; set %s.enabled: true to turn it on "
-                "(or %s.enabled: false to keep it off without this warning)",
+                "%s is off: %s %s set but %s.%s is not; set %s.%s: %s to turn it on "
+                "(or %s.%s: %s to keep it off without this warning)",
                 name,
                 ", ".join(f"{name}.{field}" for field in given),
                 "is" if len(given) == 1 else "are",
                 name,
+                switch,
                 name,
+                switch,
+                on,
                 name,
+                switch,
+                off,
             )
 
 
