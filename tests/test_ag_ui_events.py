@@ -339,3 +339,31 @@ def test_a_restarted_attempt_ends_what_the_earlier_one_left_open() -> None:
             open_messages.remove(event["messageId"])
     assert not open_messages
     assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["outcome"] == {"type": "success"}
+
+
+def test_a_call_an_earlier_attempt_dropped_opens_again_when_the_new_one_makes_it() -> None:
+    """A model that numbers its calls (the scripted one) streams the same call id on the new
+    attempt: it opens again, with its arguments, and is pending when nobody ran it."""
+    events = translate(
+        [
+            {"turn_start": {"message_id": "tw-a-r1", "model": "scripted:x"}},
+            {"step_start": {}},
+            {"tool_input_start": {"tool_call_id": "c1", "tool_name": "get_location"}},
+            {"attempt_start": {"attempt": 2, "reason": "STREAM_STALLED", "appends": True}},
+            {"step_start": {}},
+            {"tool_input_start": {"tool_call_id": "c1", "tool_name": "get_location"}},
+            {"tool_input_delta": {"tool_call_id": "c1", "input_text_delta": "{}"}},
+            {"tool_input_available": {"tool_call_id": "c1", "tool_name": "get_location", "input_json": "{}"}},
+            {"step_finish": {"finish_reason": "FINISH_REASON_TOOL_CALLS"}},
+            {"turn_end": {"status": "TURN_STATUS_COMPLETED"}},
+        ]
+    )
+    calls = [(e["type"], e.get("toolCallId")) for e in events if e["type"].startswith("TOOL_CALL")]
+    assert calls == [
+        ("TOOL_CALL_START", "c1"),
+        ("TOOL_CALL_END", "c1"),
+        ("TOOL_CALL_START", "c1"),
+        ("TOOL_CALL_ARGS", "c1"),
+        ("TOOL_CALL_END", "c1"),
+    ]
+    assert events[-1]["outcome"] == {"type": "success", "pendingToolCallIds": ["c1"]}

@@ -125,7 +125,11 @@ class RunLog:
             out.append({"type": "REASONING_END", "messageId": message_id})
 
     def _call_start(self, call_id: str, name: str, out: list[dict[str, Any]]) -> bool:
-        """Opens the call unless it was; True when it opened now."""
+        """Opens the call unless it was; True when it opened now. A call an earlier attempt
+        dropped opens again when the new attempt makes it (a model that numbers its calls)."""
+        if call_id in self._dropped:
+            self._dropped.discard(call_id)
+            self._called.remove(call_id)
         if call_id in self._open_calls or call_id in self._called:
             return False
         self._open_calls.add(call_id)
