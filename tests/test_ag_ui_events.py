@@ -290,3 +290,80 @@ def test_a_body_in_the_wrong_shape_names_the_field(value: dict[str, Any], field:
 )
 def test_the_accept_header_picks_sse(accept: str | None, sse: bool) -> None:
     assert accepts_sse(accept) is sse
+
+
+def test_a_restarted_attempt_ends_what_the_earlier_one_left_open() -> None:
+    """A step a provider fallback restarts after output (or a recovery): AG-UI's clients refuse a
+    run that finishes with a message or a call still open (``HttpAgent``: "Cannot send
+    'RUN_FINISHED' while text messages are still active", developer trial). The earlier attempt's
+    message, reasoning and call are ended at the ``AttemptStart``; its call is not pending."""
+    events = translate(
+        [
+            {"turn_start": {"message_id": "tw-a-r1", "model": "scripted:x"}},
+            {"step_start": {}},
+            {"reasoning_start": {"id": "s0-r"}},
+            {"reasoning_delta": {"id": "s0-r", "delta": "hm"}},
+            {"text_start": {"id": "s0-t"}},
+            {"text_delta": {"id": "s0-t", "delta": "Partial "}},
+            {"tool_input_start": {"tool_call_id": "c1", "tool_name": "get_location"}},
+            {"attempt_start": {"attempt": 2, "reason": "SERVER_RESTARTED", "appends": True}},
+            {"step_start": {}},
+            {"text_start": {"id": "s0-t"}},
+            {"text_delta": {"id": "s0-t", "delta": "Whole."}},
+            {"text_end": {"id": "s0-t"}},
+            {"step_finish": {"finish_reason": "FINISH_REASON_STOP"}},
+            {"turn_end": {"status": "TURN_STATUS_COMPLETED"}},
+        ]
+    )
+    started = [
+        e["type"]
+        for e in events[
+            events.index({"type": "TOOL_CALL_START", "toolCallId": "c1", "toolCallName": "get_location"})
+            + 1 :
+        ]
+    ]
+    assert started[:6] == [
+        "REASONING_MESSAGE_END",
+        "REASONING_END",
+        "TEXT_MESSAGE_END",
+        "TOOL_CALL_END",
+        "STEP_FINISHED",
+        "STEP_STARTED",
+    ]
+    open_messages: set[str] = set()
+    for event in events:  # every message ends before the run does, and no id is started twice
+        if event["type"] in ("TEXT_MESSAGE_START", "REASONING_MESSAGE_START"):
+            assert event["messageId"] not in open_messages
+            open_messages.add(event["messageId"])
+        elif event["type"] in ("TEXT_MESSAGE_END", "REASONING_MESSAGE_END"):
+            open_messages.remove(event["messageId"])
+    assert not open_messages
+    assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["outcome"] == {"type": "success"}
+
+
+def test_a_call_an_earlier_attempt_dropped_opens_again_when_the_new_one_makes_it() -> None:
+    """A model that numbers its calls (the scripted one) streams the same call id on the new
+    attempt: it opens again, with its arguments, and is pending when nobody ran it."""
+    events = translate(
+        [
+            {"turn_start": {"message_id": "tw-a-r1", "model": "scripted:x"}},
+            {"step_start": {}},
+            {"tool_input_start": {"tool_call_id": "c1", "tool_name": "get_location"}},
+            {"attempt_start": {"attempt": 2, "reason": "STREAM_STALLED", "appends": True}},
+            {"step_start": {}},
+            {"tool_input_start": {"tool_call_id": "c1", "tool_name": "get_location"}},
+            {"tool_input_delta": {"tool_call_id": "c1", "input_text_delta": "{}"}},
+            {"tool_input_available": {"tool_call_id": "c1", "tool_name": "get_location", "input_json": "{}"}},
+            {"step_finish": {"finish_reason": "FINISH_REASON_TOOL_CALLS"}},
+            {"turn_end": {"status": "TURN_STATUS_COMPLETED"}},
+        ]
+    )
+    calls = [(e["type"], e.get("toolCallId")) for e in events if e["type"].startswith("TOOL_CALL")]
+    assert calls == [
+        ("TOOL_CALL_START", "c1"),
+        ("TOOL_CALL_END", "c1"),
+        ("TOOL_CALL_START", "c1"),
+        ("TOOL_CALL_ARGS", "c1"),
+        ("TOOL_CALL_END", "c1"),
+    ]
+    assert events[-1]["outcome"] == {"type": "success", "pendingToolCallIds": ["c1"]}

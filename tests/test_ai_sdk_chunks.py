@@ -379,3 +379,67 @@ def test_a_user_message_part_is_a_turnwire_part() -> None:
     assert turn.message == message_pb2.Message(
         id="u1", role=message_pb2.ROLE_USER, parts=[message_pb2.Part(text=message_pb2.TextPart(text="hi"))]
     )
+
+
+RESTARTED: list[dict[str, Any]] = [
+    {"turn_start": {"message_id": "tw-a-r1", "model": "scripted:x"}},
+    {"step_start": {}},
+    {"reasoning_start": {"id": "s0-r"}},
+    {"reasoning_delta": {"id": "s0-r", "delta": "hm"}},
+    {"text_start": {"id": "s0-t"}},
+    {"text_delta": {"id": "s0-t", "delta": "Partial "}},
+    {"attempt_start": {"attempt": 2, "reason": "PROVIDER_FALLBACK", "model": "scripted:y"}},
+    {"step_start": {}},
+    {"text_start": {"id": "s0-t"}},
+    {"text_delta": {"id": "s0-t", "delta": "Whole."}},
+    {"text_end": {"id": "s0-t"}},
+    {"step_finish": {"finish_reason": "FINISH_REASON_STOP"}},
+    {"turn_end": {"status": "TURN_STATUS_COMPLETED"}},
+]
+"""A step a provider fallback restarts after output (``fallback.after_output: restart``): the
+failed attempt's blocks and step are left open by its events."""
+
+
+def test_a_restarted_attempt_closes_what_the_earlier_one_left_open() -> None:
+    """Before, the new attempt's ``start-step`` and ``text-start`` (the same block id) followed an
+    open text part, which the page's message kept ``streaming`` for good (developer trial)."""
+    assert chunks_of(RESTARTED) == [
+        {"type": "start", "messageId": "tw-a-r1"},
+        {"type": "start-step"},
+        {"type": "reasoning-start", "id": "s0-r"},
+        {"type": "reasoning-delta", "id": "s0-r", "delta": "hm"},
+        {"type": "text-start", "id": "s0-t"},
+        {"type": "text-delta", "id": "s0-t", "delta": "Partial "},
+        {"type": "reasoning-end", "id": "s0-r"},
+        {"type": "text-end", "id": "s0-t"},
+        {"type": "finish-step"},
+        {"type": "start-step"},
+        {"type": "text-start", "id": "s0-t"},
+        {"type": "text-delta", "id": "s0-t", "delta": "Whole."},
+        {"type": "text-end", "id": "s0-t"},
+        {"type": "finish-step"},
+        {"type": "finish", "finishReason": "stop"},
+    ]
+
+
+def test_a_call_still_streaming_its_input_when_an_attempt_ends_is_closed_as_an_error() -> None:
+    """A recovery's new attempt after a call's input began streaming: the part would stay
+    ``input-streaming`` for good; it ends as a ``tool-input-error`` (the AI SDK's only end for it)."""
+    chunks = chunks_of(
+        [
+            {"turn_start": {"message_id": "tw-a-r1", "model": "scripted:x"}},
+            {"step_start": {}},
+            {"tool_input_start": {"tool_call_id": "c1", "tool_name": "calculator"}},
+            {"tool_input_delta": {"tool_call_id": "c1", "input_text_delta": '{"expr'}},
+            {"attempt_start": {"attempt": 2, "reason": "STREAM_STALLED", "appends": True}},
+            {"step_start": {}},
+            {"step_finish": {"finish_reason": "FINISH_REASON_STOP"}},
+            {"turn_end": {"status": "TURN_STATUS_COMPLETED"}},
+        ]
+    )
+    at = chunks.index({"type": "tool-input-delta", "toolCallId": "c1", "inputTextDelta": '{"expr'})
+    error, finish_step = chunks[at + 1 : at + 3]
+    assert error["type"] == "tool-input-error" and error["toolCallId"] == "c1" and error["input"] is None
+    assert error["toolName"] == "calculator" and "new attempt" in error["errorText"]
+    assert finish_step == {"type": "finish-step"}
+    assert [c["type"] for c in chunks].count("tool-input-error") == 1

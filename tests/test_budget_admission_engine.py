@@ -28,7 +28,7 @@ from turnwire.hooks import (
 from turnwire.testing import ScriptedUsage, ScriptStep
 from turnwire_client.v1 import event_pb2
 from turnwire_server.engine import metrics
-from turnwire_server.engine.budget_settings import BudgetSettings
+from turnwire_server.engine.budget_settings import BudgetLimit, BudgetSettings
 from turnwire_server.engine.errors import BudgetRefused
 from turnwire_server.store.sqlite import SqliteStore
 
@@ -278,3 +278,27 @@ async def test_start_does_not_wait_for_the_hooks_of_a_turn_its_admission_failed(
         release.set()
     (event,) = await collect(handle)
     assert event.turn_end.error.code == code_pb2.ALREADY_EXISTS
+
+
+async def test_a_continuation_is_checked_by_the_read_of_spent_budgets_alone(
+    make_engine: EngineFactory,
+) -> None:
+    """ContinueLastTurn (and SaveMessages without messages) store no input, so their check is the
+    read of spent budgets: a request's own turn budget with no room for the first step is not sized
+    at admission (a Chat's is): the turn runs and ends BUDGET_EXHAUSTED at its first step, unsent;
+    a spent conversation budget refuses one (docs/cost.md, "When a budget is exhausted"; the page
+    listed ContinueLastTurn among the turns refused for want of room: developer trial)."""
+    h = await make_engine(
+        scripts={"main": [LONG]}, budgets=BudgetSettings.model_validate({"conversation": {"tokens": 2_000}})
+    )
+    await h.run("hi")  # 1 100 of 2 000
+    with pytest.raises(BudgetRefused):  # a Chat's first step is sized at its admission
+        await h.engine.start(dataclasses.replace(h.request("more"), budget=BudgetLimit(tokens=5)))
+    request = dataclasses.replace(h.request(None, continuation=True), budget=BudgetLimit(tokens=5))
+    end = end_of(await collect(await h.engine.start(request)))
+    assert end.status == event_pb2.TURN_STATUS_ERROR and "no room for another model step" in end.error.message
+    assert h.provider.calls == 1  # the continuation's step was not sent
+    await h.run("again")  # 2 200 of 2 000: spent
+    with pytest.raises(BudgetRefused) as refused:
+        await h.start(None, continuation=True)
+    assert refused.value.budget == "conversation"

@@ -182,6 +182,22 @@ async def test_a_model_without_a_price_cannot_run_under_a_dollar_budget(make_eng
     assert "no known price" in end.error.message and h.provider.calls == 0
 
 
+async def test_with_pricing_off_a_dollar_limit_says_so_not_to_price_the_model(
+    make_engine: EngineFactory,
+) -> None:
+    """``pricing.enabled: false`` prices nothing, ``pricing.models`` included: a request's own
+    dollar limit said "price it under pricing.models", which changed nothing (developer trial). A
+    configured one is refused at start (tests/test_unknown_model_messages.py)."""
+    off = PricingSettings.model_validate(
+        {"enabled": False, "models": {MODEL: {"input_mtok": 3.0, "output_mtok": 15.0}}}
+    )
+    h = await make_engine(prices=PriceBook(off))
+    end = end_of(await _run(h, TurnRequest(**{**_fields(h.request("hi")), "budget": BudgetLimit(usd=1.0)})))
+    assert end.status == event_pb2.TURN_STATUS_ERROR and _reason(end) == "BUDGET_EXHAUSTED"
+    assert "pricing is off (pricing.enabled: false)" in end.error.message
+    assert "pricing.models" not in end.error.message and h.provider.calls == 0
+
+
 async def test_a_dollar_budget_clamps_by_the_models_price(make_engine: EngineFactory) -> None:
     h = await make_engine(
         scripts={"main": [ScriptStep(text="Hi.", usage=ScriptedUsage(input_tokens=10, output_tokens=3))]},

@@ -70,6 +70,36 @@ def test_a_cancelled_turn_closes_its_open_items() -> None:
     assert events[-1]["type"] == "response.incomplete" and log.response["status"] == "cancelled"
 
 
+def test_a_restarted_attempt_closes_the_items_the_earlier_one_left_open() -> None:
+    """A provider fallback restarts a step after output (``after_output: restart``): the earlier
+    attempt's message was left ``in_progress`` in the completed Response, its item never done, and
+    the new attempt's block (the same block id) took its place among the open items (developer
+    trial)."""
+    restarted: list[dict[str, Any]] = [
+        {"turn_start": {"message_id": "tw-a-r1", "model": "scripted:x"}},
+        {"step_start": {}},
+        {"text_start": {"id": "s0-t"}},
+        {"text_delta": {"id": "s0-t", "delta": "Partial "}},
+        {"attempt_start": {"attempt": 2, "reason": "PROVIDER_FALLBACK", "model": "scripted:y"}},
+        {"step_start": {}},
+        {"text_start": {"id": "s0-t"}},
+        {"text_delta": {"id": "s0-t", "delta": "Whole."}},
+        {"text_end": {"id": "s0-t"}},
+        {"step_finish": {"finish_reason": "FINISH_REASON_STOP"}},
+        {"turn_end": {"status": "TURN_STATUS_COMPLETED"}},
+    ]
+    events, log = translate(restarted)
+    for event in events:
+        EVENT.validate_python(event)
+    added = [e["output_index"] for e in events if e["type"] == "response.output_item.added"]
+    done = [e["output_index"] for e in events if e["type"] == "response.output_item.done"]
+    assert added == done == [0, 1]  # the earlier attempt's item is done before the new one opens
+    response = Response.model_validate(log.snapshot())
+    assert [item.type for item in response.output] == ["message", "message"]
+    assert [item["status"] for item in log.response["output"]] == ["incomplete", "completed"]
+    assert response.status == "completed"
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [

@@ -12,9 +12,16 @@ from support.engine_harness import CONV, EngineFactory, echo, end_of, make_tool,
 from support.waiting import wait_until
 
 from turnwire.compaction import EstimateTokens
-from turnwire.providers import ModelRequest
-from turnwire.testing import ScriptedProvider, ScriptedToolCall, ScriptStep, UnexpectedModelCall
-from turnwire.types import FinishStep, TextDelta, ToolCall, ToolDefinition
+from turnwire.providers import ModelRequest, ProviderError
+from turnwire.testing import (
+    ScriptedError,
+    ScriptedProvider,
+    ScriptedToolCall,
+    ScriptedUsage,
+    ScriptStep,
+    UnexpectedModelCall,
+)
+from turnwire.types import FinishStep, TextDelta, ToolCall, ToolDefinition, UsageUpdate
 from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.providers.settings import ProviderSettings, build_provider
 
@@ -200,3 +207,36 @@ async def test_the_reported_input_counts_the_system_prompt_and_tools_as_the_esti
     with_tool, tool_estimate = await reported((tool,))
     assert (bare, with_tool) == (bare_estimate, tool_estimate)
     assert with_tool > bare + 50  # the tool's definition is counted
+
+
+async def test_a_step_reports_cache_reads_and_writes_as_scripted() -> None:
+    """A script step's ``usage`` takes both cache counts (docs/cost.md prices cache writes at
+    ``cache_write_mtok``), so prompt caching's pricing can be tried offline."""
+    usage = ScriptedUsage(
+        input_tokens=100, output_tokens=5, cached_input_tokens=60, cache_write_input_tokens=30
+    )
+    finish = (await chunks(ScriptedProvider({"main": [ScriptStep(text="Hi.", usage=usage)]}), 1))[-1]
+    assert isinstance(finish, FinishStep) and finish.usage is not None
+    assert (finish.usage.cached_input_tokens, finish.usage.cache_write_input_tokens) == (60, 30)
+
+
+async def test_a_refused_request_reports_no_usage_and_an_in_stream_error_its_input() -> None:
+    """``error`` with ``after_chunks: 0`` is a request the provider refused (a 429, a 529), which
+    reports no usage (docs/providers.md, "Fallback across providers": a refused call reports no
+    usage); one after chunks failed in its stream, after the input was reported."""
+    refused = ScriptStep(text="Hello there.", error=ScriptedError(message="overloaded", status=529))
+    seen: list[Any] = []
+    with pytest.raises(ProviderError) as raised:
+        async for chunk in ScriptedProvider({"main": [refused]}).stream(request(1)):
+            seen.append(chunk)
+    assert not raised.value.in_stream
+    assert seen == []
+    cut = ScriptStep(
+        text="Hello there.", error=ScriptedError(message="overloaded", status=529, after_chunks=1)
+    )
+    seen = []
+    with pytest.raises(ProviderError) as raised:
+        async for chunk in ScriptedProvider({"main": [cut]}).stream(request(1)):
+            seen.append(chunk)
+    assert raised.value.in_stream
+    assert isinstance(seen[0], UsageUpdate)  # the input, counted at stream start

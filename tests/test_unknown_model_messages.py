@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from turnwire_server.assembly import StartupError, build_providers, check_providers
 from turnwire_server.config import Settings
@@ -89,3 +90,41 @@ async def test_a_provider_name_of_no_known_vendor_gets_no_guess() -> None:
         message
         == "model 'mine:model' names provider 'mine', which is not configured; configured: ['scripted']"
     )
+
+
+async def test_a_price_for_a_model_no_provider_serves_is_refused_at_start() -> None:
+    """A ``pricing.models`` id no configured provider serves (a misspelt provider or script) priced
+    nothing, silently, and a dollar budget then refused the model as unpriced (developer trial)."""
+    rates = {"input_mtok": 1.0, "output_mtok": 2.0}
+    message = await _start_error(pricing={"models": {"opnai:gpt-4o": rates}})
+    assert message.startswith("pricing.models['opnai:gpt-4o']: model 'opnai:gpt-4o' names provider 'opnai'")
+    assert message.endswith("; it would price nothing")
+    message = await _start_error(pricing={"models": {"scripted:dmeo": rates}})
+    assert "provider 'scripted' has no model 'dmeo'; its scripts: demo, summarizer" in message
+    await check_providers(Settings(pricing={"models": {"scripted:demo": rates}}))
+
+
+async def test_provider_ids_of_no_provider_entry_are_refused_at_start() -> None:
+    message = await _start_error(pricing={"provider_ids": {"openrouter": "openrouter"}})
+    assert message == (
+        "pricing.provider_ids['openrouter']: no provider entry is named 'openrouter' (configured: "
+        "['scripted']); key provider_ids by the entry's name under providers:"
+    )
+    await check_providers(
+        Settings(providers={"o": OPENAI, "scripted": {}}, pricing={"provider_ids": {"o": None}})
+    )
+
+
+def test_a_dollar_budget_with_pricing_off_is_refused_at_start() -> None:
+    """``pricing.enabled: false`` makes every cost unknown, and a step of unknown cost is refused
+    under a dollar budget: every turn ended BUDGET_EXHAUSTED, told to price its model under
+    ``pricing.models``, which pricing off ignores (developer trial)."""
+    with pytest.raises(ValidationError) as refused:
+        Settings(pricing={"enabled": False}, budgets={"turn": {"usd": 1.0}, "tenant": {"day": {"usd": 5}}})
+    assert (
+        "budgets.turn.usd, budgets.tenant.day.usd limit US dollars, but pricing.enabled is false, so "
+        "no step has a price and every turn would end BUDGET_EXHAUSTED; turn pricing on, or limit "
+        "tokens instead"
+    ) in str(refused.value)
+    Settings(pricing={"enabled": False}, budgets={"turn": {"tokens": 1_000}})  # tokens need no price
+    Settings(budgets={"turn": {"usd": 1.0}})  # priced

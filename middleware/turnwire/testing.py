@@ -115,7 +115,10 @@ class ScriptedError(BaseModel):
     retryable: bool = False
     retry_after_seconds: float | None = None
     after_chunks: int = Field(
-        0, ge=0, description="chunks to stream before failing (more than 0: the error is in_stream)"
+        0,
+        ge=0,
+        description="chunks to stream before failing (more than 0: the error is in_stream, after the "
+        "step reported its input usage; 0: the request is refused, with no usage)",
     )
 
 
@@ -130,6 +133,7 @@ class ScriptedUsage(BaseModel):
     output_tokens: int | None = None
     reasoning_tokens: int = 0
     cached_input_tokens: int = 0
+    cache_write_input_tokens: int = 0
 
 
 class ScriptStep(BaseModel):
@@ -555,6 +559,9 @@ class ScriptedProvider:
             reserved = request.settings.max_output_tokens
             if reserved is not None and input_tokens + reserved > self.context_window:
                 raise output_overflow_error(input_tokens, reserved, self.context_window)
+        if step.error is not None and step.error.after_chunks == 0:
+            # Refused before its stream, as a 429 or 529 is: the provider reports no usage for it.
+            await pace()
         # As providers do at stream start: the input is counted before any output.
         yield UsageUpdate(Usage(input_tokens=input_tokens, total_tokens=input_tokens))
         limit = OutputLimit(request.settings.max_output_tokens)
@@ -633,6 +640,7 @@ class ScriptedProvider:
                 total_tokens=input_tokens + output_tokens,
                 reasoning_tokens=reasoning_tokens,
                 cached_input_tokens=step.usage.cached_input_tokens,
+                cache_write_input_tokens=step.usage.cache_write_input_tokens,
             ),
             response_id=f"scripted-{request.step_number}",
             response_model=f"scripted:{request.model}",

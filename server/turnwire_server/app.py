@@ -52,6 +52,7 @@ from turnwire_server.assembly import (
     open_tools,
     open_tracing,
     warn_of_demo_tools,
+    warn_of_sections_left_off,
 )
 from turnwire_server.background import (
     build_scheduler,
@@ -506,6 +507,7 @@ async def _announce(sidecar: Sidecar) -> None:
     for service in ("", SERVICE_NAME):
         await sidecar.health.set(service, health_pb2.HealthCheckResponse.SERVING)
     warn_of_demo_tools(settings)
+    warn_of_sections_left_off(settings)
     host = settings.listen.rpartition(":")[0]
     log.info(
         "turnwire listening on %s:%d, %s (store %s, default model %s, replica %s, event loop %s)",

@@ -55,6 +55,7 @@ __all__ = [
     "open_tools",
     "open_tracing",
     "warn_of_demo_tools",
+    "warn_of_sections_left_off",
 ]
 
 log = logging.getLogger("turnwire.server")
@@ -219,6 +220,43 @@ async def open_tools(settings: Settings) -> ToolSet:
     return tool_set
 
 
+OPT_IN_SECTIONS: dict[str, tuple[str, str, str]] = {
+    "auth": ("enabled", "true", "false"),
+    "metrics": ("enabled", "true", "false"),
+    "tracing": ("enabled", "true", "false"),
+    "http": ("listen", "HOST:PORT", "null"),
+}
+"""The sections that are off unless their switch is set, whatever else they set: section →
+(switch field, the value that turns it on, the one that keeps it off)."""
+
+
+def warn_of_sections_left_off(settings: Settings) -> None:
+    """Warn of each section of :data:`OPT_IN_SECTIONS` that sets fields but leaves its switch
+    unset, so stays off: ``auth: {tokens_file: …}`` alone ran every call unauthenticated, as the
+    default tenant, ``metrics: {listen: …}`` served nothing and ``http: {inspector: true}`` served
+    no page, all without a word (developer trial). A switch set to off is not warned of. Called
+    once start-up succeeded."""
+    for name, (switch, on, off) in OPT_IN_SECTIONS.items():
+        section = getattr(settings, name)
+        given = sorted(section.model_fields_set - {switch})
+        if given and switch not in section.model_fields_set:
+            log.warning(
+                "%s is off: %s %s set but %s.%s is not; set %s.%s: %s to turn it on "
+                "(or %s.%s: %s to keep it off without this warning)",
+                name,
+                ", ".join(f"{name}.{field}" for field in given),
+                "is" if len(given) == 1 else "are",
+                name,
+                switch,
+                name,
+                switch,
+                on,
+                name,
+                switch,
+                off,
+            )
+
+
 def warn_of_demo_tools(settings: Settings) -> None:
     """Warn when the demo tools are on by default while the default model is a real one: their
     made-up data (get_weather) would reach it. An explicit ``tools.demo: true`` is not warned of.
@@ -248,7 +286,10 @@ async def check_providers(settings: Settings) -> None:
 
 
 def check_models(providers: ProviderRegistry, settings: Settings) -> None:
-    """:func:`_check_model` of ``default_model`` and of every model ``fallback.models`` names.
+    """:func:`_check_model` of ``default_model``, of every model ``fallback.models`` names and of
+    every model ``pricing.models`` prices, and that each ``pricing.provider_ids`` key is a
+    configured provider entry: a price under a misspelt id priced nothing, silently, and a dollar
+    budget then refused the model as unpriced (developer trial).
     A ``default_model`` whose provider is not configured is also told to name a configured one
     (and, when it was left unset, that it is the embedded ``scripted:demo``)."""
     field = "default_model"
@@ -263,6 +304,14 @@ def check_models(providers: ProviderRegistry, settings: Settings) -> None:
     for model, fallbacks in settings.fallback.models.items():
         for model_id in (model, *fallbacks):
             _check_model(providers, model_id, f"fallback.models[{model!r}]")
+    for model_id in settings.pricing.models:
+        _check_model(providers, model_id, f"pricing.models[{model_id!r}]", "; it would price nothing")
+    for name in settings.pricing.provider_ids:
+        if name not in providers.providers:
+            raise StartupError(
+                f"pricing.provider_ids[{name!r}]: no provider entry is named {name!r} (configured: "
+                f"{configured}); key provider_ids by the entry's name under providers:"
+            )
 
 
 def _check_model(providers: ProviderRegistry, model: str, field: str, fix: str = "") -> None:

@@ -34,7 +34,7 @@ from turnwire_server.api.tls_settings import ServerTlsSettings
 from turnwire_server.cache_budget import DEFAULT_CACHE_BYTES
 from turnwire_server.config_hints import unknown_field_message
 from turnwire_server.config_section import ConfigSection
-from turnwire_server.engine.budget_settings import BudgetSettings
+from turnwire_server.engine.budget_settings import BudgetLimit, BudgetSettings
 from turnwire_server.engine.cost_settings import PricingSettings
 from turnwire_server.engine.fallback import FallbackSettings
 from turnwire_server.engine.schedule_settings import ScheduleSettings
@@ -277,6 +277,27 @@ class Settings(BaseSettings):
         if self.log_level is not None and "level" not in self.logging.model_fields_set:
             self.logging.level = self.log_level
         return self
+
+    @field_validator("budgets")
+    @classmethod
+    def _dollar_budgets_need_prices(cls, value: BudgetSettings, info: ValidationInfo) -> BudgetSettings:
+        # pricing.enabled: false makes every cost unknown, and a step of unknown cost is refused
+        # under a dollar budget: every turn ended BUDGET_EXHAUSTED, told to price its model under
+        # pricing.models, which pricing.enabled: false ignores (developer trial).
+        pricing = info.data.get("pricing")
+        if pricing is None or pricing.enabled:
+            return value
+        scopes: list[tuple[str, BudgetLimit]] = [("turn", value.turn), ("conversation", value.conversation)]
+        for name, periods in (("tenant", value.tenant), ("principal", value.principal)):
+            scopes += [(f"{name}.day", periods.day), (f"{name}.month", periods.month)]
+        dollars = [f"budgets.{scope}.usd" for scope, limit in scopes if limit.usd is not None]
+        if dollars:
+            raise ValueError(
+                f"{', '.join(dollars)} {'limits' if len(dollars) == 1 else 'limit'} US dollars, but "
+                "pricing.enabled is false, so no step has a price and every turn would end "
+                "BUDGET_EXHAUSTED; turn pricing on, or limit tokens instead"
+            )
+        return value
 
     @field_validator("workers")
     @classmethod

@@ -65,16 +65,28 @@ SCRIPTS = {
     "fails": [
         {"text": "partial ", "error": {"message": "the model is down", "status": 400, "after_chunks": 1}}
     ],
+    # Overloaded after its first chunk: the step restarts on scripted:echo (FALLBACK below).
+    "falls_over": [
+        {
+            "text": "dropped partial",
+            "chunk_size": 8,
+            "error": {"message": "overloaded", "status": 529, "retryable": True, "after_chunks": 1},
+        }
+    ],
     "slow": [endless_step(SLOW_TEXT, 30)],
     "paced": [{"text": SLOW_TEXT * 3, "chunk_size": 3, "delay_ms": 20}],
 }
+
+FALLBACK = {"models": {"scripted:falls_over": ["scripted:echo"]}, "after_output": "restart"}
 
 
 @pytest.fixture(scope="module")
 def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarProcess]:
     workdir = tmp_path_factory.mktemp("ag-ui-e2e")
     tokens = {TOKEN_A: ("alice", "tenant-a"), TOKEN_B: ("bob", "tenant-b")}
-    with running_sidecar(workdir, http_sidecar_config(workdir, tokens, SCRIPTS)) as process:
+    config = http_sidecar_config(workdir, tokens, SCRIPTS)
+    config["fallback"] = FALLBACK
+    with running_sidecar(workdir, config) as process:
         yield process
 
 
@@ -200,6 +212,23 @@ async def test_a_failed_turn_ends_its_run_with_run_error(sidecar: SidecarProcess
     error = run["events"][-1]
     assert "the model is down" in error["message"] and error["code"] == "provider_error"
     assert "RUN_FINISHED" not in types(run)
+
+
+async def test_a_step_restarted_on_a_fallback_finishes_its_run(sidecar: SidecarProcess) -> None:
+    """A provider fallback restarts a step after output (``after_output: restart``): the earlier
+    attempt's message is ended before the new one's, so ``HttpAgent`` accepts the run. Before, it
+    failed the run: "Cannot send 'RUN_FINISHED' while text messages are still active" (developer
+    trial)."""
+    seen = await run_agent(sidecar, "agui-fallback", [{"text": "hi", "model": "scripted:falls_over"}])
+    run = seen["runs"][0]
+    assert "error" not in run, run
+    assert types(run)[-1] == "RUN_FINISHED" and run["events"][-1]["outcome"] == {"type": "success"}
+    assert text_of(run).endswith("answered over AG-UI")  # the fallback's answer, after what was shown
+    assert run["newMessages"][-1] == {
+        "id": run["newMessages"][-1]["id"],
+        "role": "assistant",
+        "content": "answered over AG-UI",
+    }
 
 
 async def test_an_ag_ui_run_is_read_and_resumed_over_grpc(

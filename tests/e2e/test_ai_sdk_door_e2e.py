@@ -77,6 +77,14 @@ SCRIPTS = {
         {"text": "partial ", "error": {"message": "the model is down", "status": 400, "after_chunks": 1}}
     ],
     "slow": [endless_step("".join(f"w{i} " for i in range(30)), 20)],
+    # Overloaded after its first chunk: the step restarts on scripted:echo (the fallback below).
+    "falls_over": [
+        {
+            "text": "dropped partial",
+            "chunk_size": 8,
+            "error": {"message": "overloaded", "status": 529, "retryable": True, "after_chunks": 1},
+        }
+    ],
 }
 
 
@@ -86,6 +94,7 @@ def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarProcess
     tokens = {TOKEN_A: ("alice", "tenant-a"), TOKEN_B: ("bob", "tenant-b")}
     config = http_sidecar_config(workdir, tokens, SCRIPTS)
     config["tools"] = {"demo": True, "require_approval": ["get_weather"]}
+    config["fallback"] = {"models": {"scripted:falls_over": ["scripted:echo"]}, "after_output": "restart"}
     with running_sidecar(workdir, config) as process:
         yield process
 
@@ -172,6 +181,24 @@ async def test_a_message_streams_its_reply_into_the_chat(sidecar: SidecarProcess
     assert [part["type"] for part in reply["parts"]] == ["step-start", "reasoning", "text"]
     assert reply["parts"][1]["text"] == "The user greets me." and reply["parts"][1]["state"] == "done"
     assert text_of(reply) == ANSWER
+
+
+async def test_a_step_restarted_on_a_fallback_leaves_no_part_streaming(sidecar: SidecarProcess) -> None:
+    """A provider fallback restarts a step after output (``after_output: restart``): the earlier
+    attempt's text part is ended (the AI SDK cannot take it back), so every part of the message is
+    ``done``. Before, it stayed ``streaming`` after the turn had ended (developer trial)."""
+    seen = await run_node(sidecar, "send", "ai-fallback", {"body": {"model": "scripted:falls_over"}})
+    assert seen["status"] == "ready" and seen["error"] is None
+    reply = seen["messages"][-1]
+    states = [(part["type"], part.get("state")) for part in reply["parts"]]
+    assert states == [
+        ("step-start", None),
+        ("text", "done"),
+        ("step-start", None),
+        ("reasoning", "done"),
+        ("text", "done"),
+    ]
+    assert reply["parts"][-1]["text"] == ANSWER
 
 
 async def test_the_chunks_as_the_transport_validates_them(sidecar: SidecarProcess) -> None:

@@ -180,12 +180,14 @@ def _settled(*, turns: int, handled: int) -> Callable[[Samples], bool]:
 
 
 async def test_the_endpoint_is_off_unless_enabled(sidecar_factory: SidecarFactory) -> None:
-    """By default nothing listens on the metrics port."""
+    """By default nothing listens on the metrics port; a ``listen`` without ``enabled`` is warned
+    of at start (it stayed off without a word: developer trial)."""
     port = free_port()
     config = {"metrics": {"listen": f"127.0.0.1:{port}"}}
-    await sidecar_factory(config=config).start()
+    sidecar = await sidecar_factory(config=config).start()
     with pytest.raises(urllib.error.URLError):
         await asyncio.to_thread(scrape, port)
+    assert "metrics is off: metrics.listen is set but metrics.enabled is not" in sidecar.log_text()
 
 
 async def test_port_zero_logs_the_port_it_got(sidecar_factory: SidecarFactory) -> None:

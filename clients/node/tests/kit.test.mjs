@@ -163,6 +163,12 @@ test('the subscriptions are the hooks that have handlers, on HookSession', async
   assert.equal(answer.hookSession, true);
   assert.equal(answer.includeMessages, false);
   assert.throws(() => hooks({ beforeToolcall() {} }), /"beforeToolcall" is no hook/);
+  // No handler, or nothing to serve: refused, as the Python and Go kits refuse it (the sidecar
+  // would call nothing; developer trial).
+  assert.throws(() => hooks({}), /hooks\(\): no handler given/);
+  assert.throws(() => hooks({ beforeTurn: undefined }), /no handler given/);
+  await assert.rejects(serve({ listen: '127.0.0.1:0' }), /serve\(\): nothing to serve/);
+  await assert.rejects(serve({ tools: [], listen: '127.0.0.1:0' }), /nothing to serve/);
 });
 
 test('a deciding hook answers a plain object; no answer is no change', async () => {
@@ -286,6 +292,17 @@ test('ListTools answers the definitions', async () => {
   assert.throws(
     () => defineTool({ name: 'x', description: '', inputSchema: { type: 'string' }, execute() {} }),
     /object schema/,
+  );
+  // A name the sidecar would leave out is refused here, as the Python and Go kits refuse it.
+  for (const name of ['look up', 'lookup.stock', 'x'.repeat(65)]) {
+    assert.throws(
+      () => defineTool({ name, description: '', inputSchema: { type: 'object' }, execute() {} }),
+      /use 1-64 of A-Z a-z 0-9 _ -/,
+    );
+  }
+  assert.equal(
+    defineTool({ name: 'Look_up-2', description: '', inputSchema: { type: 'object' }, execute() {} }).name,
+    'Look_up-2',
   );
 });
 

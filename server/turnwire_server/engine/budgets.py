@@ -215,11 +215,15 @@ class StepBudgets:
         if step is not None and step.usd is not None:
             priced.append("step")
         if rates is None and priced:
-            await self._refuse(
-                priced[0],
+            # pricing.enabled: false prices nothing, pricing.models included (developer trial).
+            why = (
                 f"model {model_id} has no known price, so its steps cannot be reserved against a US "
-                "dollar budget (price it under pricing.models)",
+                "dollar budget (price it under pricing.models)"
+                if self.prices.settings.enabled
+                else f"pricing is off (pricing.enabled: false), so no step of model {model_id} can be "
+                "reserved against a US dollar budget (turn pricing on, or limit tokens)"
             )
+            await self._refuse(priced[0], why)
         usd_in, usd_out = rates or (0.0, 0.0)
         # EstimateTokens.count, in its parts: the messages' kept by object where they can be.
         framing = _ESTIMATE.framing(request)

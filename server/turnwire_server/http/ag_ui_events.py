@@ -28,7 +28,10 @@ What maps:
 
 Message ids are ``<reply id>.<n>`` (the turn's stored reply ``tw-a-<runId>``, n counting the
 run's text and reasoning blocks), tool call ids are Turnwire's own. Sources, files, tool
-approvals, compaction and recovery attempts have no AG-UI event and are not sent.
+approvals and compaction have no AG-UI event and are not sent. An ``AttemptStart`` (a provider
+fallback's restart, a recovery) has none either: it ends what the earlier attempt left open (its
+messages, its tool calls, which are then not pending, and its step), as AG-UI's clients require
+before a run finishes; AG-UI cannot take back what was shown, so the new attempt's messages follow.
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ class RunLog:
         self._open_calls: set[str] = set()
         self._called: list[str] = []  # tool call ids, in order
         self._answered: set[str] = set()
+        self._dropped: set[str] = set()  # calls an earlier attempt began and never finished
         self._step: str | None = None
         self._model = ""
 
@@ -121,7 +125,11 @@ class RunLog:
             out.append({"type": "REASONING_END", "messageId": message_id})
 
     def _call_start(self, call_id: str, name: str, out: list[dict[str, Any]]) -> bool:
-        """Opens the call unless it was; True when it opened now."""
+        """Opens the call unless it was; True when it opened now. A call an earlier attempt
+        dropped opens again when the new attempt makes it (a model that numbers its calls)."""
+        if call_id in self._dropped:
+            self._dropped.discard(call_id)
+            self._called.remove(call_id)
         if call_id in self._open_calls or call_id in self._called:
             return False
         self._open_calls.add(call_id)
@@ -149,6 +157,17 @@ class RunLog:
             }
         )
 
+    def _close_open(self, out: list[dict[str, Any]], dropped: set[str] | None = None) -> None:
+        """End the open text and reasoning messages and tool calls (added to ``dropped`` when
+        given: an earlier attempt's calls, which nobody answers)."""
+        for key in list(self._open_blocks):
+            self._block_end(key, out)
+        for call_id in [c for c in self._called if c in self._open_calls]:
+            self._open_calls.discard(call_id)
+            out.append({"type": "TOOL_CALL_END", "toolCallId": call_id})
+            if dropped is not None:
+                dropped.add(call_id)
+
     def _close_step(self, out: list[dict[str, Any]]) -> None:
         if self._step is not None:
             out.append({"type": "STEP_FINISHED", "stepName": self._step})
@@ -171,6 +190,9 @@ class RunLog:
             self._step = f"step-{event.step_start.step_number}"
             out.append({"type": "STEP_STARTED", "stepName": self._step})
         elif kind == "step_finish":
+            self._close_step(out)
+        elif kind == "attempt_start":
+            self._close_open(out, dropped=self._dropped)
             self._close_step(out)
         elif kind in ("text_start", "reasoning_start"):
             block = getattr(event, kind)
@@ -216,11 +238,7 @@ class RunLog:
 
     def _end(self, end: event_pb2.TurnEnd, out: list[dict[str, Any]]) -> None:
         self._start_run(out)  # a turn that never started (SKIPPED, input not stored) still opens its run
-        for key in list(self._open_blocks):
-            self._block_end(key, out)
-        for call_id in [c for c in self._called if c in self._open_calls]:
-            self._open_calls.discard(call_id)
-            out.append({"type": "TOOL_CALL_END", "toolCallId": call_id})
+        self._close_open(out)
         self._close_step(out)
         self.ended = True
         usage = [usage_of(end.usage, self._model)]
@@ -236,7 +254,7 @@ class RunLog:
         outcome: dict[str, Any] = {"type": "success"}
         if end.status == event_pb2.TURN_STATUS_ABORTED:
             outcome = {"type": "cancelled"}
-        elif pending := [c for c in self._called if c not in self._answered]:
+        elif pending := [c for c in self._called if c not in self._answered and c not in self._dropped]:
             outcome["pendingToolCallIds"] = pending
         out.append(
             {

@@ -28,10 +28,14 @@ What maps, event → chunk:
   turn; ``abort`` for a cancelled one; ``error`` (the turn's error message) for a failed or
   interrupted one.
 
-Not sent: ``Progress`` keepalives (no sequence number; the SSE response pings on its own),
-``ContextCompacted``, and ``AttemptStart`` (the AI SDK has no chunk to take back what an attempt
-showed: a recovered turn's chunks go on after the earlier attempt's). Turnwire streams no
-``data-*`` parts.
+``AttemptStart`` (a provider fallback's restart, a recovery) closes what the earlier attempt left
+open, its text and reasoning blocks, a call whose input was still streaming (as a
+``tool-input-error``) and its step, so no part of the page's message stays streaming; the AI SDK
+has no chunk to take back what it showed, so the new attempt's chunks go on after the earlier
+attempt's.
+
+Not sent: ``Progress`` keepalives (no sequence number; the SSE response pings on its own) and
+``ContextCompacted``. Turnwire streams no ``data-*`` parts.
 """
 
 from __future__ import annotations
@@ -84,8 +88,10 @@ class UIMessageStream:
     def __init__(self, *, message_id: str | None = None, known_calls: Iterable[str] = ()) -> None:
         self._message_id = message_id
         self._calls = set(known_calls)
+        self._streaming: dict[str, str] = {}  # call id → tool name, while its input streams
         self._open: dict[str, str] = {}  # open text/reasoning block key → its chunk type prefix
         self._started = False
+        self._in_step = False
         self._finish_reason: str | None = None
         self.ended = False
 
@@ -99,10 +105,29 @@ class UIMessageStream:
         if kind == "turn_start":
             self._start(out, self._message_id or event.turn_start.message_id)
         elif kind == "step_start":
+            self._in_step = True
             out.append({"type": "start-step"})
         elif kind == "step_finish":
+            self._in_step = False
             self._finish_reason = _FINISH_REASONS.get(event.step_finish.finish_reason)
             out.append({"type": "finish-step"})
+        elif kind == "attempt_start":
+            self._close_blocks(out)
+            for call_id, name in self._streaming.items():  # the attempt that streamed it is over
+                out.append(
+                    {
+                        "type": "tool-input-error",
+                        "toolCallId": call_id,
+                        "toolName": name,
+                        "input": None,
+                        "errorText": "cut off: the turn started a new attempt before this call's "
+                        "input was complete",
+                    }
+                )
+            self._streaming.clear()
+            if self._in_step:  # the step starts again (StepStart) on the new attempt
+                self._in_step = False
+                out.append({"type": "finish-step"})
         elif kind in ("text_start", "reasoning_start"):
             block = getattr(event, kind)
             prefix = kind.removesuffix("_start")
@@ -126,6 +151,11 @@ class UIMessageStream:
             self._end(event.turn_end, out)
         return out
 
+    def _close_blocks(self, out: list[Chunk]) -> None:
+        for key, prefix in self._open.items():
+            out.append({"type": f"{prefix}-end", "id": key.partition(":")[2]})
+        self._open.clear()
+
     def _start(self, out: list[Chunk], message_id: str) -> None:
         self._started = True
         out.append({"type": "start", "messageId": message_id} if message_id else {"type": "start"})
@@ -140,8 +170,11 @@ class UIMessageStream:
 
     def _tool(self, kind: str, value: Any, out: list[Chunk]) -> None:
         call_id = value.tool_call_id
+        if kind != "tool_input_delta":
+            self._streaming.pop(call_id, None)
         if kind == "tool_input_start":
             self._calls.add(call_id)
+            self._streaming[call_id] = value.tool_name
             out.append(
                 {
                     "type": "tool-input-start",
@@ -215,9 +248,7 @@ class UIMessageStream:
         self.ended = True
         if not self._started:  # a turn that never started (SKIPPED, input not stored): still opened
             self._start(out, self._message_id or "")
-        for key, prefix in self._open.items():
-            out.append({"type": f"{prefix}-end", "id": key.partition(":")[2]})
-        self._open.clear()
+        self._close_blocks(out)
         if end.status in (event_pb2.TURN_STATUS_ERROR, event_pb2.TURN_STATUS_INTERRUPTED):
             out.append({"type": "error", "errorText": end.error.message or "the turn failed"})
             return

@@ -23,7 +23,10 @@ What maps (one turn = one response, its request id = the response id):
   ``cancelled`` (a cancelled turn), with the turn's usage.
 
 Sources, files, tool approvals and recovery attempts have no Responses event; they are not
-sent (the turn's stored message keeps them: read it over gRPC or Connect).
+sent (the turn's stored message keeps them: read it over gRPC or Connect). A new attempt
+(``AttemptStart``: a provider fallback restarting a step, a recovery) closes the items the earlier
+one left open, as ``incomplete`` (as a cancelled turn's), so no item stays ``in_progress``; the
+new attempt's items follow them (what was streamed cannot be taken back).
 """
 
 from __future__ import annotations
@@ -306,6 +309,8 @@ class ResponseLog:
         elif kind == "tool_output_denied":
             denied = event.tool_output_denied
             self._call_output(denied.tool_call_id, denied.tool_name, denied.reason or "denied", out)
+        elif kind == "attempt_start":
+            self._close_open(out)
         elif kind == "step_finish":
             self._finish_length = event.step_finish.finish_reason == event_pb2.FINISH_REASON_LENGTH
         elif kind == "turn_end":
@@ -317,9 +322,7 @@ class ResponseLog:
         if self.next_sequence_number == 0:  # a turn that never started (SKIPPED): still opened first
             self._event("response.created", out, response=self.snapshot())
         status = _STATUS.get(end.status, "failed")
-        for index in sorted(self._open.values()):
-            self._done_item(index, out, status="incomplete")
-        self._open.clear()
+        self._close_open(out)
         if status == "completed" and self._finish_length:
             status = "incomplete"
             self.response["incomplete_details"] = {"reason": "max_output_tokens"}
@@ -333,6 +336,12 @@ class ResponseLog:
         self.response["completed_at"] = int(time.time())
         self.ended = True
         self._event(_TERMINAL_EVENT[status], out, response=self.snapshot())
+
+    def _close_open(self, out: list[dict[str, Any]]) -> None:
+        """Close every item still open, as ``incomplete``, in output order."""
+        for index in sorted(self._open.values()):
+            self._done_item(index, out, status="incomplete")
+        self._open.clear()
 
     def snapshot(self) -> dict[str, Any]:
         """A copy of the Response as it stands (items copied, so later events do not change it)."""

@@ -155,7 +155,8 @@ export function substitute(output: KitJson): MessageInitShape<typeof BeforeToolC
  * present and `hook_session: true`; every hook but onChunks is served both as its unary RPC and
  * on HookSession, where a stream's calls are handled one at a time, in order, each answered as
  * soon as it is done. Throws `TypeError` for a key that is no hook (a typo would silently never
- * be called).
+ * be called) and for no handler at all (the sidecar would call nothing), as the Python and Go kits
+ * refuse them.
  */
 export function hooks(handlers: HookHandlers, options: HookOptions = {}): HookServer {
   const names = Object.keys(handlers).filter(
@@ -164,6 +165,9 @@ export function hooks(handlers: HookHandlers, options: HookOptions = {}): HookSe
   for (const name of names) {
     if (!(name in HOOKS))
       throw new TypeError(`hooks(): "${name}" is no hook (one of ${Object.keys(HOOKS).join(', ')})`);
+  }
+  if (names.length === 0) {
+    throw new TypeError(`hooks(): no handler given (one of ${Object.keys(HOOKS).join(', ')})`);
   }
   const present = names as HookName[];
   const subscriptions = present.map((name) => HOOKS[name].hook).sort((a, b) => a - b);

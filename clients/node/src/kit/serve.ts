@@ -32,7 +32,8 @@ export interface Served {
 
 /**
  * Serves `hooks` and `tools` on one gRPC server at `listen`. Resolves once it listens; rejects
- * when the address cannot be bound (in use, no such interface).
+ * when the address cannot be bound (in use, no such interface), and with a `TypeError` when there
+ * is nothing to serve (no hooks, no tools), as the Python and Go kits refuse it.
  */
 export async function serve({
   hooks,
@@ -41,6 +42,9 @@ export async function serve({
   credentials,
   options,
 }: ServeOptions): Promise<Served> {
+  if (!hooks && !tools?.length) {
+    throw new TypeError('serve(): nothing to serve: give hooks, tools or both');
+  }
   const server = new grpc.Server(options);
   if (hooks) server.addService(hooks.definition, hooks.implementation);
   if (tools) {

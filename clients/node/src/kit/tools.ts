@@ -75,14 +75,23 @@ export interface ToolDefinition<I = KitJsonObject, O = KitJson, P = KitJson> {
 /** A defined tool of any input and result types (a host's list mixes them). */
 export type Tool = ToolDefinition<any, any, any>;
 
+/** What a tool's name must be: 1-64 of `A-Z a-z 0-9 _ -`, what every provider API accepts. */
+const TOOL_NAME = /^[A-Za-z0-9_-]{1,64}$/;
+
 /**
  * Checks and returns `definition` (typed: `execute` gets `I`). Throws `TypeError` when the name is
- * empty or `inputSchema` is not an object schema (`{type: 'object', …}`, what the model needs).
+ * not 1-64 of `A-Z a-z 0-9 _ -` (the sidecar would leave such a tool out) or `inputSchema` is not an
+ * object schema (`{type: 'object', …}`, what the model needs).
  */
 export function defineTool<I = KitJsonObject, O = KitJson, P = KitJson>(
   definition: ToolDefinition<I, O, P>,
 ): ToolDefinition<I, O, P> {
   if (!definition.name) throw new TypeError('defineTool(): a tool needs a name');
+  if (!TOOL_NAME.test(definition.name)) {
+    throw new TypeError(
+      `defineTool(): tool name ${JSON.stringify(definition.name)}: use 1-64 of A-Z a-z 0-9 _ - (the sidecar leaves out any other)`,
+    );
+  }
   if (definition.inputSchema?.type !== 'object') {
     throw new TypeError(
       `defineTool(): ${definition.name}'s inputSchema must be an object schema ({type: 'object', …})`,
