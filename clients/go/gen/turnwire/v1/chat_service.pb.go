@@ -4212,7 +4212,7 @@ type Schedule struct {
 	sizeCache     protoimpl.SizeCache
 	unknownFields protoimpl.UnknownFields
 
-	// The schedule's id (1-128 characters of [A-Za-z0-9._:-]). Output only: set
+	// The schedule's id (1-100 characters of [A-Za-z0-9._:-]). Output only: set
 	// it with CreateScheduleRequest.schedule_id.
 	ScheduleId string `protobuf:"bytes,1,opt,name=schedule_id,json=scheduleId,proto3" json:"schedule_id,omitempty"`
 	// A cron expression: five fields (minute hour day-of-month month
@@ -4414,8 +4414,9 @@ type CreateScheduleRequest struct {
 
 	// The schedule to create (its output-only fields are ignored).
 	Schedule *Schedule `protobuf:"bytes,1,opt,name=schedule,proto3" json:"schedule,omitempty"`
-	// Optional client-chosen id (1-128 characters of [A-Za-z0-9._:-]); assigned
-	// when empty. An id already in use is ALREADY_EXISTS.
+	// Optional client-chosen id (1-100 characters of [A-Za-z0-9._:-]: a fire's
+	// submission id adds to it); assigned when empty. An id already in use is
+	// ALREADY_EXISTS.
 	ScheduleId string `protobuf:"bytes,2,opt,name=schedule_id,json=scheduleId,proto3" json:"schedule_id,omitempty"`
 }
 

@@ -2261,7 +2261,7 @@ class Schedule(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
     schedule_id: _builtins.str
-    """The schedule's id (1-128 characters of [A-Za-z0-9._:-]). Output only: set
+    """The schedule's id (1-100 characters of [A-Za-z0-9._:-]). Output only: set
     it with CreateScheduleRequest.schedule_id.
     """
     cron: _builtins.str
@@ -2362,8 +2362,9 @@ class CreateScheduleRequest(_message.Message):
     SCHEDULE_FIELD_NUMBER: _builtins.int
     SCHEDULE_ID_FIELD_NUMBER: _builtins.int
     schedule_id: _builtins.str
-    """Optional client-chosen id (1-128 characters of [A-Za-z0-9._:-]); assigned
-    when empty. An id already in use is ALREADY_EXISTS.
+    """Optional client-chosen id (1-100 characters of [A-Za-z0-9._:-]: a fire's
+    submission id adds to it); assigned when empty. An id already in use is
+    ALREADY_EXISTS.
     """
     @_builtins.property
     def schedule(self) -> Global___Schedule:

@@ -2102,7 +2102,7 @@ export const ForkConversationResponseSchema: GenMessage<ForkConversationResponse
  */
 export type Schedule = Message<"turnwire.v1.Schedule"> & {
   /**
-   * The schedule's id (1-128 characters of [A-Za-z0-9._:-]). Output only: set
+   * The schedule's id (1-100 characters of [A-Za-z0-9._:-]). Output only: set
    * it with CreateScheduleRequest.schedule_id.
    *
    * @generated from field: string schedule_id = 1;
@@ -2251,8 +2251,9 @@ export type CreateScheduleRequest = Message<"turnwire.v1.CreateScheduleRequest">
   schedule?: Schedule | undefined;
 
   /**
-   * Optional client-chosen id (1-128 characters of [A-Za-z0-9._:-]); assigned
-   * when empty. An id already in use is ALREADY_EXISTS.
+   * Optional client-chosen id (1-100 characters of [A-Za-z0-9._:-]: a fire's
+   * submission id adds to it); assigned when empty. An id already in use is
+   * ALREADY_EXISTS.
    *
    * @generated from field: string schedule_id = 2;
    */
