@@ -244,6 +244,21 @@ def test_the_token_count_says_what_the_provider_did_not_report() -> None:
     assert _status_line(result(0, 0), output_streamed=True) == "INTERRUPTED · 1 step · scripted:slow"
 
 
+def test_the_token_count_shows_the_prompt_cache_reads_and_writes() -> None:
+    """A fresh-user trial: tokens written to the provider's cache (priced apart) were not shown."""
+    from turnwire_client import TurnResult
+    from turnwire_client.v1 import event_pb2
+    from turnwire_client.values import Usage
+
+    usage = Usage(1200, 40, 1240, cached_input_tokens=800, cache_write_input_tokens=300)
+    result = TurnResult(
+        "c", "r", event_pb2.TURN_STATUS_COMPLETED, None, usage, None, [_STEP_FINISHED], step_count=1
+    )
+    assert _status_line(result, output_streamed=True) == (
+        "COMPLETED · 1 step · tokens in 1200 / out 40 · cached 800 · cache write 300 · scripted:slow"
+    )
+
+
 def test_sidecar_messages_name_the_cli_commands() -> None:
     from turnwire_server.cli.errors import cli_terms
 

@@ -231,3 +231,15 @@ def test_the_hook_timeline_snippet_prints_one_readable_line_per_hook(
     for line in lines:
         assert re.fullmatch(r"HookLogger\.\w+: \d+\.\d\d ms, \d+ call\(s\)( FAILED)?", line), line
     assert "HookLogger.before_turn" in " ".join(lines)
+
+
+def test_the_cli_exit_codes_are_the_documented_ones() -> None:
+    """A fresh-user trial: the CLI's exit codes 1 and 2 were documented nowhere."""
+    from turnwire_server.cli import exit_codes
+
+    text = " ".join((REPO / "docs/getting-started.md").read_text().split())
+    documented = re.search(r"\*\*Exit codes\*\*(.*?could not be reached)", text)
+    assert documented is not None
+    said = {int(code) for code in re.findall(r"\b(\d) when", documented.group(1))}
+    codes = {value for name, value in vars(exit_codes).items() if name.startswith("EXIT_")}
+    assert said == codes == {0, 1, 2, 3}

@@ -344,6 +344,8 @@ def print_status_line(out: Console, result: TurnResult, model: str, *, output_st
             tokens += f" (reasoning {usage.reasoning_tokens})"
         if usage.cached_input_tokens:
             tokens += f" · cached {usage.cached_input_tokens}"
+        if usage.cache_write_input_tokens:  # priced apart (docs/cost.md): shown apart
+            tokens += f" · cache write {usage.cache_write_input_tokens}"
         facts.append(tokens)
     end = result.events[-1] if result.events else None
     if end is not None and end.turn_end.HasField("cost"):
