@@ -72,7 +72,7 @@ def call_part(
         call.state, call.output_json = OUTPUT, output
 
 
-async def crash_during_tools(path: Path, *, tool_starts: bool = True) -> None:
+async def crash_during_tools(path: Path, *, tool_starts: bool = True, call_keys: int = 2) -> None:
     """Leave in ``path``'s store what a process killed during a step's tool calls leaves: the
     turn running (with its recovery spec), its reply holding calls ``c-charge`` (started,
     idempotent tool), ``c-send`` (started, not idempotent), ``c-fresh`` (not started) and ``c-done``
@@ -82,6 +82,8 @@ async def crash_during_tools(path: Path, *, tool_starts: bool = True) -> None:
     await store.open()
     # tool_starts false: the spec as a sidecar that did not mark starts wrote it.
     older = None if tool_starts else (lambda spec: spec.replace(',"tool_starts":true', ""))
+    if call_keys == 1:  # the spec of a sidecar whose keys were of the conversation and call id
+        older = lambda spec: spec.replace(',"call_keys":2', "")  # noqa: E731
     await crashed_turn(store, CONV, "r-crash", model=MODEL, text="pay and tell them", edit_spec=older)
     reply = message_pb2.Message(id="tw-a-r-crash", role=message_pb2.ROLE_ASSISTANT)
     reply.parts.add().step_start.SetInParent()
@@ -117,7 +119,7 @@ async def test_a_recovery_runs_reruns_or_interrupts_each_call_by_its_start_and_t
     ran = {run.tool_call_id: run for run in runs}
     assert sorted(ran) == ["c-charge", "c-fresh"], "c-send may have acted; c-done has its result"
     assert ran["c-charge"].rerun and not ran["c-fresh"].rerun
-    assert ran["c-charge"].idempotency_key == tool_idempotency_key(CONV, "c-charge"), "the same key"
+    assert ran["c-charge"].idempotency_key == tool_idempotency_key(CONV, "tw-a-r-crash", "c-charge")
     # Hooks see which: the re-run flagged, the interrupted one only in after_tool_call.
     assert sorted(recorder.before) == ["c-charge", "c-fresh"]
     assert recorder.before["c-charge"].rerun and not recorder.before["c-fresh"].rerun
@@ -150,6 +152,21 @@ async def test_a_recovery_runs_reruns_or_interrupts_each_call_by_its_start_and_t
         "c-fresh": OUTPUT,
         "c-done": OUTPUT,
     }
+
+
+async def test_a_turn_an_older_sidecar_stored_reruns_its_call_with_the_key_it_was_given(
+    make_engine: EngineFactory, tmp_path: Path
+) -> None:
+    """The key became the reply's too (docs/tools.md, "Idempotency keys"); a started call of a
+    turn stored before (its spec without ``call_keys``) is run again with the key it had, so an
+    upgrade between a crash and its recovery does not make a new charge of a repeat."""
+    await crash_during_tools(tmp_path / "turnwire.db", call_keys=1)
+    runs: list[ToolExecution] = []
+    await recovered(make_engine, runs, Recorder())
+    ran = {run.tool_call_id: run for run in runs}
+    assert ran["c-charge"].rerun
+    assert ran["c-charge"].idempotency_key == tool_idempotency_key(CONV, None, "c-charge")
+    assert ran["c-fresh"].idempotency_key == tool_idempotency_key(CONV, None, "c-fresh")
 
 
 async def test_a_turn_stored_without_start_marks_takes_every_open_call_as_started(

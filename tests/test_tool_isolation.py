@@ -249,7 +249,7 @@ async def test_a_process_isolated_tool_runs_in_a_child_process(make_engine: Engi
     # The worker got a copy of the ToolExecution, the call's idempotency key included.
     (call,) = of_kind(events, "tool_input_available")
     assert (output["tool_call_id"], output["step"]) == (call.tool_call_id, 0)
-    assert output["key"] == tool_idempotency_key(CONV, call.tool_call_id)
+    assert output["key"] == tool_idempotency_key(CONV, end_of(events).message.id, call.tool_call_id)
 
 
 @pytest.mark.parametrize(
@@ -403,8 +403,8 @@ async def test_the_demo_model_gets_the_calculators_refusal_without_stalling_the_
 
 
 async def test_each_call_gets_its_own_stable_idempotency_key(make_engine: EngineFactory) -> None:
-    """docs/tools.md, "Idempotency keys": a digest of the conversation and the call id, the same
-    wherever and whenever the call runs, another for another call."""
+    """docs/tools.md, "Idempotency keys": a digest of the conversation, the reply and the call id,
+    the same wherever and whenever the call runs, another for another call."""
     keys: dict[str, str] = {}
 
     async def charge(input: dict[str, Any], execution: ToolExecution) -> str:
@@ -418,9 +418,35 @@ async def test_each_call_gets_its_own_stable_idempotency_key(make_engine: Engine
     )
     events = await h.run()
     assert end_of(events).status == event_pb2.TURN_STATUS_COMPLETED
+    reply = end_of(events).message.id
     ids = [call.tool_call_id for call in of_kind(events, "tool_input_available")]
     assert len(set(ids)) == 2
-    assert keys == {call_id: tool_idempotency_key(CONV, call_id) for call_id in ids}
+    assert keys == {call_id: tool_idempotency_key(CONV, reply, call_id) for call_id in ids}
     assert len(set(keys.values())) == 2
     assert all(key.startswith("tw-k-") and len(key) == 37 for key in keys.values())
-    assert tool_idempotency_key("other", ids[0]) != keys[ids[0]], "another conversation, another key"
+    assert tool_idempotency_key("other", reply, ids[0]) != keys[ids[0]], "another conversation, another key"
+
+
+async def test_a_call_id_seen_again_in_a_later_reply_gets_another_key(make_engine: EngineFactory) -> None:
+    """A fresh-user trial: the key was a digest of the conversation and the call id alone, and
+    call ids are unique within a reply only (a provider that numbers calls per response, after
+    the transcript was compacted; a conversation deleted and started again): a later call of
+    the same id got the earlier one's key, so a payment API would have taken a new charge for a
+    repeat of the old one and skipped it."""
+    keys: list[tuple[str, str]] = []
+
+    async def charge(input: dict[str, Any], execution: ToolExecution) -> str:
+        keys.append((execution.tool_call_id, execution.idempotency_key))
+        return "charged"
+
+    step = ScriptStep(tool_calls=[ScriptedToolCall(name="charge", id="call_0")])
+    h = await make_engine(
+        scripts={"main": [step, ScriptStep(text="ok")]},
+        tools=[make_tool("charge", charge)],
+    )
+    for request_id in ("r-first", "r-again"):  # the scripted model gives the id as it is
+        events = await h.run(request_id=request_id)
+        assert end_of(events).status == event_pb2.TURN_STATUS_COMPLETED
+    (first_id, first_key), (again_id, again_key) = keys
+    assert first_id == again_id == "call_0"
+    assert first_key != again_key

@@ -77,8 +77,8 @@ class ToolExecution:
     worker process is killed instead.
 
     ``idempotency_key`` is the call's key, the same for this call on every attempt of its turn,
-    every recovery and every replica (a digest of the conversation and the call id, 32 hex digits
-    after ``tw-k-``; "" when the caller gave none): hand it to what the tool changes (a payment
+    every recovery and every replica (a digest of the conversation, the reply and the call id, 32
+    hex digits after ``tw-k-``; "" when the caller gave none): hand it to what the tool changes (a payment
     API's ``Idempotency-Key``, a unique column) so that a call made again has its effect once
     (docs/tools.md, "Idempotency keys").
 

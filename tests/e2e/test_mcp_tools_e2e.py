@@ -86,7 +86,10 @@ async def test_the_calls_idempotency_key_reaches_the_mcp_server_in_meta(
         e.tool_input_available for e in result.events if e.WhichOneof("event") == "tool_input_available"
     ]
     (output,) = final_outputs(result)
-    assert json.loads(output) == {"result": tool_idempotency_key("keyed", call.tool_call_id)}
+    assert result.message is not None
+    assert json.loads(output) == {
+        "result": tool_idempotency_key("keyed", result.message.id, call.tool_call_id)
+    }
 
 
 async def test_cancelling_the_turn_cancels_the_mcp_call(

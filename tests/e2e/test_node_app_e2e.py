@@ -242,7 +242,9 @@ async def test_each_before_tool_call_decision_of_the_node_policy(
     assert set(executed) == expected  # blocked and substituted calls never reach the host
     assert executed["lookup_order"] == {"order_id": "A-17"}
     for entry in (e for e in journal if e["rpc"] == "ExecuteTool"):  # each call's own stable key
-        assert entry["idempotencyKey"] == tool_idempotency_key(entry["conversationId"], entry["toolCallId"])
+        assert result.message is not None
+        key = tool_idempotency_key(entry["conversationId"], result.message.id, entry["toolCallId"])
+        assert entry["idempotencyKey"] == key
     for name in expected:  # before_tool_call → execute → after_tool_call, per call
         of_call = [e["rpc"] for e in journal if e.get("toolName") == name]
         assert of_call == ["BeforeToolCall", "ExecuteTool", "AfterToolCall"], of_call

@@ -107,7 +107,9 @@ async def assert_effects_once(sidecar: SidecarProcess, log: Path, conversation: 
     assert [len(by_tool[name]) for name in ("note", "send_slow", "charge_slow")] == [1, 1, 2], by_tool
     charges = by_tool["charge_slow"]
     assert [run["rerun"] for run in charges] == [False, True]
-    assert charges[0]["key"] == charges[1]["key"] == tool_idempotency_key(conversation, charges[0]["call"])
+    reply = events[-1].turn_end.message.id
+    key = tool_idempotency_key(conversation, reply, charges[0]["call"])
+    assert charges[0]["key"] == charges[1]["key"] == key
     assert not by_tool["send_slow"][0]["rerun"]
 
     assert [m.role for m in stored.messages] == [message_pb2.ROLE_USER, message_pb2.ROLE_ASSISTANT]
@@ -239,11 +241,12 @@ async def test_the_key_and_the_idempotent_declaration_reach_a_ts_kit_host_and_an
     async with TurnwireClient(second.target) as client:
         events = [event async for event in client.resume_turn("r-remote")]
         assert events[-1].turn_end.status == event_pb2.TURN_STATUS_COMPLETED, events[-1]
-        calls = calls_by_tool((await client.get_conversation("remote")).messages[1])
+        reply = (await client.get_conversation("remote")).messages[1]
+        calls = calls_by_tool(reply)
     ts_runs = runs(ts_host.log)
-    ts_key = tool_idempotency_key("remote", calls["charge_ts"].tool_call_id)
+    ts_key = tool_idempotency_key("remote", reply.id, calls["charge_ts"].tool_call_id)
     assert [(run["key"], run["rerun"]) for run in ts_runs] == [(ts_key, False), (ts_key, True)]
-    mcp_key = tool_idempotency_key("remote", calls["charge"].tool_call_id)
+    mcp_key = tool_idempotency_key("remote", reply.id, calls["charge"].tool_call_id)
     assert charges() == [mcp_key, mcp_key], "run again with the key of its first run"
     assert calls["charge_ts"].output_json == json.dumps(f"charged {ts_key}")
     assert json.loads(calls["charge"].output_json) == {"result": f"charged {mcp_key}"}

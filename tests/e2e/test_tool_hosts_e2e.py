@@ -115,7 +115,8 @@ async def test_a_host_tool_runs_with_exact_big_integers_both_ways(one_host: OneH
     (started,) = host.events("started", "add_big")
     assert json.loads(started["input_json"]) == {"a": A, "b": B}
     assert started["parent"] == result.request_id == started["request_id"]
-    assert started["idempotency_key"] == tool_idempotency_key("c", started["tool_call_id"])
+    assert result.message is not None
+    assert started["idempotency_key"] == tool_idempotency_key("c", result.message.id, started["tool_call_id"])
 
 
 async def test_a_streaming_host_tool_sends_preliminary_results_on_the_chat_stream(one_host: OneHost) -> None:

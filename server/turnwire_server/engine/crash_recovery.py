@@ -84,6 +84,7 @@ async def recover_turn(
             principal=spec.principal,
             subagent_path=spec.subagent_path,
             budget=spec.budget,
+            legacy_call_keys=spec.call_keys == 1,
         )
         recovery = Recovery(record, reply, attempt=record.recovery_count + 1, slots=slots)
         try:

@@ -89,11 +89,21 @@ def conversation_cache_key(conversation_id: str) -> str:
     return hashlib.sha256(conversation_id.encode()).hexdigest()[:32]
 
 
-def tool_idempotency_key(conversation_id: str, tool_call_id: str) -> str:
-    """The idempotency key of tool call ``tool_call_id`` of conversation ``conversation_id`` (its
-    key as stored, the tenant's prefix included when authentication is on): ``tw-k-`` and 32 hex
-    digits of a SHA-256 of both, the same on every attempt, recovery and replica, for every tool
-    home (``ToolExecution.idempotency_key``, ``ExecuteToolRequest.idempotency_key``, an MCP
-    call's ``_meta``; docs/tools.md, "Idempotency keys")."""
-    digest = hashlib.sha256(f"{conversation_id}\0{tool_call_id}".encode()).hexdigest()
+def tool_idempotency_key(conversation_id: str, reply_id: str | None, tool_call_id: str) -> str:
+    """The idempotency key of tool call ``tool_call_id`` of reply ``reply_id`` (the assistant
+    message holding the call) in conversation ``conversation_id`` (its key as stored, the
+    tenant's prefix included when authentication is on): ``tw-k-`` and 32 hex digits of a SHA-256
+    of the three, the same on every attempt, recovery and replica, for every tool home
+    (``ToolExecution.idempotency_key``, ``ExecuteToolRequest.idempotency_key``, an MCP call's
+    ``_meta``; docs/tools.md, "Idempotency keys"). The reply tells apart two calls of one id:
+    call ids are unique within a reply only (docs/semantics.md §11, "Tool call identity"), and a
+    conversation deleted and started again may see its ids again. ``reply_id`` None: the key of
+    a turn an older sidecar stored (``TurnSpec.call_keys`` 1), of the conversation and the call
+    id alone, so a recovery runs its started calls again with the key they were first given."""
+    text = (
+        f"{conversation_id}\0{tool_call_id}"
+        if reply_id is None
+        else f"{conversation_id}\0{reply_id}\0{tool_call_id}"
+    )
+    digest = hashlib.sha256(text.encode()).hexdigest()
     return f"{RESERVED_PREFIX}k-{digest[:32]}"

@@ -64,7 +64,8 @@ class TurnRequest:
     for the turn ("" when authentication is off, or unknown): the turn runs under its budgets.
     ``subagent_path`` is set on a sub-agent's turn (entry ``subagent``): the sub-agent calls from
     the top-level turn down to this one, outermost first (docs/subagents.md); its length is the
-    turn's depth.
+    turn's depth. ``legacy_call_keys``: the turn's tool calls keep the idempotency keys of the
+    sidecar that stored it (a recovery of a turn whose ``TurnSpec.call_keys`` is 1).
     """
 
     conversation_id: str
@@ -84,3 +85,4 @@ class TurnRequest:
     budget: BudgetLimit | None = None
     principal: str = ""
     subagent_path: tuple[SubagentCall, ...] = ()
+    legacy_call_keys: bool = False

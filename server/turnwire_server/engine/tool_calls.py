@@ -279,7 +279,7 @@ class ToolCallRunner:
         ``after_tool_call``)."""
         turn = self.turn
         request = turn.request
-        key = tool_idempotency_key(request.conversation_id, call.tool_call_id)
+        key = self._key(call)
         model_input: dict[str, Any] = call.input or {}
         streaming = bool(getattr(tool, "streaming", False))
         started = time.perf_counter()
@@ -395,8 +395,14 @@ class ToolCallRunner:
             error=error,
             outcome=outcome,
             rerun=rerun,
-            idempotency_key=tool_idempotency_key(request.conversation_id, call.tool_call_id),
+            idempotency_key=self._key(call),
         )
+
+    def _key(self, call: chunks.ToolCall) -> str:
+        """``call``'s idempotency key (docs/tools.md, "Idempotency keys")."""
+        turn = self.turn
+        reply = None if turn.request.legacy_call_keys else turn.assistant.message.id
+        return tool_idempotency_key(turn.request.conversation_id, reply, call.tool_call_id)
 
     async def _execute(
         self,

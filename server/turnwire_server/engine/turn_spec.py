@@ -34,7 +34,10 @@ class TurnSpec:
     under a sidecar that marks tool calls ``started`` before they run (a call without the mark
     then never ran; an older turn's are taken as started: docs/semantics.md §8, "Tool
     effects"); ``budget`` the request's own turn budget (a recovery, or a takeover, holds the
-    turn to it as the first attempt was: docs/cost.md, "Budgets")."""
+    turn to it as the first attempt was: docs/cost.md, "Budgets"); ``call_keys`` how its tool
+    calls' idempotency keys are made (2: of the conversation, the reply and the call id; 1, a
+    turn an older sidecar stored: of the conversation and the call id,
+    :func:`~turnwire_server.engine.ids.tool_idempotency_key`)."""
 
     body: Mapping[str, Any] = field(default_factory=dict)
     continuation: bool = False
@@ -44,6 +47,7 @@ class TurnSpec:
     subagent_path: tuple[SubagentCall, ...] = ()
     tool_starts: bool = False
     budget: BudgetLimit | None = None
+    call_keys: int = 1
 
 
 def spec_json(request: TurnRequest) -> str:
@@ -58,6 +62,7 @@ def spec_json(request: TurnRequest) -> str:
             if isinstance(tool, ClientTool)
         ],
         "tool_starts": True,
+        "call_keys": 1 if request.legacy_call_keys else 2,
     }
     if request.trace_context:
         spec["trace_context"] = dict(request.trace_context)
@@ -112,4 +117,5 @@ def parse_spec(text: str) -> TurnSpec:
         trace_context={str(key): str(text) for key, text in trace_context.items()},
         principal=str(value.get("principal", "")),
         tool_starts=value.get("tool_starts") is True,
+        call_keys=2 if value.get("call_keys") == 2 else 1,
     )
