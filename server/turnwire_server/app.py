@@ -3,7 +3,8 @@
 This module, :mod:`turnwire_server.assembly` (what the sidecar is built from) and
 :mod:`turnwire_server.background` (what runs beside its RPCs) are the only places that name
 concrete implementations; the engine sees interfaces. ``serve`` runs until SIGTERM or SIGINT,
-then shuts down gracefully: health goes NOT_SERVING (overall and per service) while calls are
+then shuts down gracefully: health goes NOT_SERVING (overall and for ChatService; the liveness
+status, :data:`~turnwire_server.api.standard_services.LIVENESS`, stays SERVING) while calls are
 still taken for ``limits.drain_seconds`` (the drain window: readiness probes and load balancers
 move traffic away first; a second SIGTERM/SIGINT ends it), then no new calls are accepted,
 running turns get ``limits.shutdown_grace_seconds`` to finish, the rest are cancelled and store
@@ -35,7 +36,7 @@ from turnwire_server.api.authentication import Authenticator
 from turnwire_server.api.chat_service import ChatService
 from turnwire_server.api.rpc_logging import quiet_grpc_call_noise
 from turnwire_server.api.rpc_observer import RpcObserver
-from turnwire_server.api.standard_services import add_standard_services
+from turnwire_server.api.standard_services import LIVENESS, add_standard_services
 from turnwire_server.api.status import status_of
 from turnwire_server.api.tls import ServerTls
 from turnwire_server.assembly import (
@@ -499,11 +500,11 @@ async def _start_http(settings: Settings, calls: InProcessCalls, *, shared_port:
 
 
 async def _announce(sidecar: Sidecar) -> None:
-    """Health SERVING (overall and for ChatService), then the start-up warnings and the
-    "listening" lines. Only now: a start that fails (a missing API key, say) says what to fix
-    and nothing else."""
+    """Health SERVING (overall, for ChatService and the liveness status), then the start-up
+    warnings and the "listening" lines. Only now: a start that fails (a missing API key, say)
+    says what to fix and nothing else."""
     settings = sidecar.settings
-    for service in ("", SERVICE_NAME):
+    for service in ("", SERVICE_NAME, LIVENESS):
         await sidecar.health.set(service, health_pb2.HealthCheckResponse.SERVING)
     warn_of_demo_tools(settings)
     host = settings.listen.rpartition(":")[0]

@@ -6,7 +6,8 @@ cuttable loopback proxy (``support.tcp_proxy``). Faults: the cluster restarted w
 (``stop -m fast``, then ``start``), the link reset (a closed port) and blackholed (a cut route:
 nothing answers) for ``OUTAGE_SECONDS``. Checked:
 
-- while the database is gone, health reports NOT_SERVING and a new call is refused at once with
+- while the database is gone, health reports NOT_SERVING (the liveness status stays SERVING, so a
+  liveness probe restarts nothing) and a new call is refused at once with
   ``UNAVAILABLE`` (reason ``STORE_UNAVAILABLE``) and a ``RetryInfo`` delay, naming no address;
   once it is back, SERVING again and calls run: the pool and the listener recovered in place;
 - a turn in flight across the outage completes once the database is back: its user message and
@@ -42,6 +43,7 @@ from support.waiting import wait_until
 
 from turnwire_client import TurnwireClient, TurnwireError, collect
 from turnwire_client.v1 import event_pb2, message_pb2
+from turnwire_server.api.standard_services import LIVENESS
 
 pytestmark = pytest.mark.postgres
 
@@ -79,12 +81,13 @@ class Rig:
         with psycopg.connect(self.cluster.url, autocommit=True) as conn:
             return list(conn.execute(query.encode(), params).fetchall())
 
-    async def health(self) -> str:
-        """The overall health status's name, or ``unreachable``."""
+    async def health(self, service: str = "") -> str:
+        """The health status's name for ``service`` (the overall one by default), or
+        ``unreachable``."""
         async with grpc.aio.insecure_channel(self.sidecar.target) as channel:
             try:
                 reply = await health_pb2_grpc.HealthStub(channel).Check(
-                    health_pb2.HealthCheckRequest(), timeout=5
+                    health_pb2.HealthCheckRequest(service=service), timeout=5
                 )
             except grpc.RpcError:
                 return "unreachable"
@@ -147,9 +150,11 @@ async def test_while_the_database_is_unreachable_calls_are_refused_at_once_and_h
         rig.proxy.cut(how)  # type: ignore[arg-type]
         try:
             await rig.wait_health("NOT_SERVING", timeout=15)
+            assert await rig.health(LIVENESS) == "SERVING", "a liveness probe would restart it"
             await assert_refused_at_once(rig, client)
             await asyncio.sleep(OUTAGE_SECONDS)  # the outage's length is the fault being injected
             await assert_refused_at_once(rig, client)
+            assert await rig.health(LIVENESS) == "SERVING"
         finally:
             rig.proxy.restore()
         await assert_serves_again(rig, client)
