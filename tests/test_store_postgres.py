@@ -12,6 +12,7 @@ import dataclasses
 import datetime as dt
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from support.stores import StoreBackend, postgres_database
@@ -453,6 +454,24 @@ def test_turnwire_migrate_applies_pending_migrations_and_says_which(pg_url: str)
     assert again.exit_code == 0, again.output
     assert "applied 0001" not in again.output and "0 migration(s) applied" in again.output
     assert SECRET not in first.output + again.output
+    check = StoreBackend("postgres", url=pg_url)
+    assert check.sql("SELECT COUNT(*) FROM schema_migrations") == [(16,)]
+    asyncio.run(check.close())
+
+
+def test_turnwire_migrate_reads_the_config_file_turnwire_config_names(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As ``serve`` does: a deploy job with the sidecar's environment migrates the configured
+    PostgreSQL store. It migrated a new SQLite file in the working directory instead, and said
+    the schema was current."""
+    config = tmp_path / "turnwire.yaml"
+    config.write_text(f"store:\n  url: {pg_url}\n")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli.app, ["migrate"], env={"TURNWIRE_CONFIG": str(config)})
+    assert result.exit_code == 0, result.output
+    assert "16 migration(s) applied" in result.output and "sqlite" not in result.output
+    assert not (tmp_path / "turnwire.db").exists()
     check = StoreBackend("postgres", url=pg_url)
     assert check.sql("SELECT COUNT(*) FROM schema_migrations") == [(16,)]
     asyncio.run(check.close())

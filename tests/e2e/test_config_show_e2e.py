@@ -106,3 +106,13 @@ async def test_config_show_refuses_what_serve_refuses(tmp_path: Path) -> None:
     served = await run_turnwire("serve", "--config", str(config), "--store", f"sqlite:///{tmp_path / 'db'}")
     assert served.code == 1, served
     assert "default_model:" in served.stderr
+
+
+async def test_config_show_reads_the_file_turnwire_config_names(tmp_path: Path) -> None:
+    """As ``serve`` does (its ``--config`` falls back to ``TURNWIRE_CONFIG``): config show
+    printed the defaults instead, not the configuration serve would run with."""
+    config = tmp_path / "turnwire.yaml"
+    config.write_text("limits:\n  max_steps: 3\n")
+    result = await run_turnwire("config", "show", env={"TURNWIRE_CONFIG": str(config)})
+    assert result.code == 0, result.stderr
+    assert yaml.safe_load(result.stdout)["limits"]["max_steps"] == 3

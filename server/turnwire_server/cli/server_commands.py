@@ -120,7 +120,10 @@ def _load(
 
 def config_show(
     listen: Annotated[str | None, typer.Option(help="As serve's --listen.")] = None,
-    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML configuration file.")] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", "-c", envvar="TURNWIRE_CONFIG", help="YAML configuration file."),
+    ] = None,
     store: Annotated[str | None, typer.Option(help="As serve's --store.")] = None,
 ) -> None:
     """Print the effective configuration as YAML, secrets masked.
@@ -153,7 +156,10 @@ def migrate(
         str | None,
         typer.Option("--store-url", "--store", help="Store URL; default: the configured store.url."),
     ] = None,
-    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML configuration file.")] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", "-c", envvar="TURNWIRE_CONFIG", help="YAML configuration file."),
+    ] = None,
     copy_from: Annotated[
         str | None, typer.Option("--from", help="Copy everything from this sqlite:/// store ...")
     ] = None,
