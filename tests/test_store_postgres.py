@@ -23,6 +23,7 @@ from turnwire.errors import CanonicalCode
 from turnwire_client.v1 import message_pb2
 from turnwire_server import cli
 from turnwire_server.config import ConfigError, load_settings
+from turnwire_server.migrate import migrate_store
 from turnwire_server.store import StoreError, TurnRecord, open_store, redact_url
 from turnwire_server.store.errors import StoreValueRefused, ToolCallNotPending
 from turnwire_server.store.postgres import QUEUE_STEP, PostgresStore
@@ -475,6 +476,17 @@ def test_turnwire_migrate_reads_the_config_file_turnwire_config_names(
     check = StoreBackend("postgres", url=pg_url)
     assert check.sql("SELECT COUNT(*) FROM schema_migrations") == [(16,)]
     asyncio.run(check.close())
+
+
+async def test_a_database_never_reached_is_not_said_to_have_stopped_answering(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``turnwire migrate`` (or a start) against a database that never answered printed "the
+    database stopped answering; refusing work until it answers again" above its own error, as
+    if a running replica had lost it."""
+    with pytest.raises(StoreError, match="Connection refused"):
+        await migrate_store(f"postgresql://app@127.0.0.1:{_closed_port()}/db")
+    assert "stopped answering" not in caplog.text
 
 
 def test_turnwire_migrate_fails_clearly_without_showing_the_password() -> None:
