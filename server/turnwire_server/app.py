@@ -280,7 +280,9 @@ def grpc_options(settings: Settings, *, shared_port: bool = False) -> list[tuple
     ]
 
 
-async def start(settings: Settings, *, worker: bool = False) -> Sidecar:
+async def start(
+    settings: Settings, *, worker: bool = False, stop_requested: asyncio.Event | None = None
+) -> Sidecar:
     """Check the configuration, open the store, recover crashed turns and start serving.
 
     Everything that can be checked without the store is checked first, so a
@@ -288,6 +290,8 @@ async def start(settings: Settings, *, worker: bool = False) -> Sidecar:
     message that says what to fix. ``worker``: one of ``serve --workers N``'s processes
     (:mod:`turnwire_server.supervisor`): the supervisor checked and holds the port and serves
     the metrics, so this process binds the port with ``SO_REUSEPORT`` and opens no metrics endpoint.
+    ``stop_requested`` set while the start waits for the store's database ends the wait:
+    :class:`~turnwire_server.assembly.StartupStopped`.
     """
     tls = open_tls(settings)
     CACHES.resize(settings.memory.cache_bytes)
@@ -304,7 +308,9 @@ async def start(settings: Settings, *, worker: bool = False) -> Sidecar:
     try:
         tools = await open_tools(settings)
         try:
-            sidecar = await _start(settings, providers, access, tools, tls, shared_port=worker)
+            sidecar = await _start(
+                settings, providers, access, tools, tls, shared_port=worker, stop_requested=stop_requested
+            )
         except BaseException:
             await tools.aclose()
             raise
@@ -337,6 +343,7 @@ async def _start(
     tls: ServerTls | None,
     *,
     shared_port: bool,
+    stop_requested: asyncio.Event | None = None,
 ) -> Sidecar:
     """The start-up after the providers are built and the tools listed, in order: everything
     else checkable without the store, then the store, the engine with its recoveries, the gRPC
@@ -355,7 +362,10 @@ async def _start(
         raise StartupError(str(error)) from None
     replica_id = new_replica_id()
     store = await open_configured_store(
-        settings.store, patience_seconds=settings.durability.store_outage_seconds, replica_id=replica_id
+        settings.store,
+        patience_seconds=settings.durability.store_outage_seconds,
+        replica_id=replica_id,
+        stop_requested=stop_requested,
     )
     try:
         tracing, tracer_provider = open_tracing(settings)
@@ -531,6 +541,10 @@ def _transport(settings: Settings) -> str:
     return "mutual TLS" if settings.tls.client_auth == "require" else "TLS"
 
 
+_HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+"""The signals :func:`serve` handles, from its first line on."""
+
+
 async def serve(
     settings: Settings,
     *,
@@ -545,16 +559,25 @@ async def serve(
     ``on_ready(sidecar, stop)`` runs once serving, ``stop()`` acting as SIGTERM does.
     """
     # The handlers go in before start-up announces anything (health SERVING, the "listening"
-    # line): a signal from then on is a graceful stop, never the default kill (exit 143). One
-    # that lands during start-up is kept and acted on once the sidecar is up.
+    # line): a signal from then on is a graceful stop, never the default kill (exit 143, or 129
+    # for SIGHUP). One that lands during start-up is kept and acted on once the sidecar is up,
+    # except that a stop signal ends a wait for the store's database at once (StartupStopped):
+    # nothing is served yet, and that wait may last durability.store_outage_seconds.
     loop = asyncio.get_running_loop()
     early: list[signal.Signals] = []
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, early.append, signum)
+    stop_requested = asyncio.Event()
+
+    def on_early_signal(signum: signal.Signals) -> None:
+        early.append(signum)
+        if signum != signal.SIGHUP:
+            stop_requested.set()
+
+    for signum in _HANDLED:
+        loop.add_signal_handler(signum, on_early_signal, signum)
     try:
-        sidecar = await start(settings, worker=worker)
+        sidecar = await start(settings, worker=worker, stop_requested=stop_requested)
     except BaseException:
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in _HANDLED:
             loop.remove_signal_handler(signum)
         raise
     tune_collector()
@@ -578,7 +601,10 @@ async def serve(
         loop.add_signal_handler(signum, on_signal, signum)
     loop.add_signal_handler(signal.SIGHUP, sidecar.reload)
     for signum in early:
-        on_signal(signum)
+        if signum == signal.SIGHUP:
+            sidecar.reload()  # files renewed while it started
+        else:
+            on_signal(signum)
     if on_ready is not None:
         on_ready(sidecar, lambda: on_signal(signal.SIGTERM))
     await stop.wait()

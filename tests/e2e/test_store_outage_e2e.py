@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import signal
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -37,7 +38,7 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from support.pg_cluster import PgCluster
-from support.sidecar import SidecarError, SidecarFactory, SidecarProcess, running_sidecar
+from support.sidecar import SidecarError, SidecarFactory, SidecarProcess, free_port, running_sidecar
 from support.tcp_proxy import TcpProxy
 from support.waiting import wait_until
 
@@ -286,3 +287,29 @@ async def test_a_replica_started_while_the_database_is_unreachable_comes_up_once
     with pytest.raises(SidecarError, match='database "no_such_database" does not exist'):
         await refused.start()
     assert time.monotonic() - began < 30, "a refusal is not waited out"
+
+
+async def test_a_stop_signal_ends_a_starts_wait_for_the_database_and_sighup_does_not_kill_it(
+    sidecar_factory: SidecarFactory, tmp_path: Path
+) -> None:
+    """A replica waiting at start for a database that does not answer (up to
+    ``durability.store_outage_seconds``, 90 s here) stops at once on SIGTERM, exit 0: nothing
+    was served. A SIGHUP meanwhile (a renewed certificate) is kept for once it is up.
+
+    Before: SIGTERM was held until the wait ended (then exit 1), longer than a supervisor waits
+    before SIGKILL (docs/operate/stopping.md); SIGHUP killed the process (exit 129)."""
+    store_url = f"postgresql://postgres@127.0.0.1:{free_port()}/postgres"  # nothing listens there
+    sidecar = sidecar_factory(CONFIG, workdir=tmp_path, store_url=store_url)
+    starting = asyncio.ensure_future(sidecar.start())
+    await wait_until(
+        lambda: "opening the store failed" in sidecar.log_text() or starting.done(),
+        timeout=60,
+        what="the start waits for the database",
+    )
+    assert not starting.done(), sidecar.log_text()
+    sidecar.send_signal(signal.SIGHUP)
+    sidecar.send_signal(signal.SIGTERM)
+    assert await sidecar.wait(timeout=15) == 0, sidecar.log_text()
+    assert "stopped by a signal while waiting for the store (postgres)" in sidecar.log_text()
+    with pytest.raises(SidecarError):
+        await starting

@@ -70,11 +70,14 @@ def serve(
         _supervise(settings)
         return
     from turnwire_server.app import serve as run_server
-    from turnwire_server.assembly import StartupError
+    from turnwire_server.assembly import StartupError, StartupStopped
     from turnwire_server.event_loop import EventLoopUnavailable, run
 
     try:
         run(run_server(settings), settings.event_loop)
+    except StartupStopped as stopped:
+        typer.echo(f"turnwire: {stopped}", err=True)
+        return
     except (StartupError, EventLoopUnavailable) as error:
         typer.echo(f"turnwire: cannot start: {error}", err=True)
         raise typer.Exit(1) from None
