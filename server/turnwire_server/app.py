@@ -45,6 +45,7 @@ from turnwire_server.assembly import (
     build_providers,
     check_listen,
     check_models,
+    check_providers,
     configure_session,
     engine_settings,
     load_middlewares,
@@ -81,7 +82,7 @@ from turnwire_server.http.server import HttpListener, HttpListenError, start_htt
 from turnwire_server.metrics_endpoint import MetricsEndpoint, start_metrics_endpoint
 from turnwire_server.providers.registry import ProviderRegistry
 from turnwire_server.remote_hooks import RemoteMiddleware
-from turnwire_server.store import Store, store_label
+from turnwire_server.store import Store, open_store, store_label
 from turnwire_server.store_health import StoreHealth
 from turnwire_server.subagent_loading import SubagentConfigError, build_subagents
 from turnwire_server.tools.tool_set import ToolSet
@@ -320,6 +321,26 @@ async def start(
         raise
     sidecar.metrics_endpoint = endpoint
     return sidecar
+
+
+async def check_startable(settings: Settings) -> None:
+    """What :func:`start` checks before it opens anything (no port, store, tool or import of
+    the operator's code), for ``turnwire config show`` to refuse what ``serve`` would: the
+    providers and models, the ``tls:`` files, the ``auth:`` tokens and key set, the webhook
+    signing secrets, the store URL and its password variable. Raises :class:`StartupError` with
+    ``serve``'s message."""
+    await check_providers(settings)
+    open_tls(settings)
+    build_access(settings)
+    try:
+        Signers(settings.webhooks)
+    except MissingSecret as error:
+        raise StartupError(str(error)) from None
+    store = settings.store
+    try:
+        open_store(store.url, pool_size=store.pool_size, password_env=store.password_env)  # not opened
+    except ValueError as error:
+        raise StartupError(f"store.url: {error}") from error
 
 
 def _metrics_endpoint(settings: Settings) -> MetricsEndpoint | None:

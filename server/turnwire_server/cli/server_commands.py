@@ -132,17 +132,19 @@ def config_show(
     """Print the effective configuration as YAML, secrets masked.
 
     The configuration serve would load (flags, TURNWIRE_* variables, the file, defaults), with
-    secrets shown as ***. Exit status 2 when it is invalid, or when serve would refuse it for its
-    providers (a default_model no provider serves, a missing API key).
+    secrets shown as ***. Exit status 2 when it is invalid, or when serve would refuse it before
+    opening anything: its providers (a default_model no provider serves, a missing API key), the
+    tls: files, auth: tokens or key set, a webhook secret or store.password_env variable unset.
     """
     import yaml
 
-    from turnwire_server.assembly import StartupError, check_providers
+    from turnwire_server.app import check_startable
+    from turnwire_server.assembly import StartupError
     from turnwire_server.redaction import redacted_settings
 
     settings = _load(config, listen, store)
     try:
-        asyncio.run(check_providers(settings))
+        asyncio.run(check_startable(settings))
     except StartupError as error:
         typer.echo(f"turnwire: serve would refuse this configuration: {error}", err=True)
         raise typer.Exit(2) from None
