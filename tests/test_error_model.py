@@ -55,6 +55,7 @@ NOT_DOMAIN_ERRORS = {
     "turnwire_server.api.authentication.AuthConfigError",
     "turnwire_server.api.tls.TlsFileError",
     "turnwire_server.assembly.StartupError",
+    "turnwire_server.assembly.StartupStopped",
     "turnwire_server.config.ConfigError",
     "turnwire_server.cli.demo.SidecarExited",
     "turnwire_server.event_loop.EventLoopUnavailable",

@@ -18,6 +18,7 @@ import pytest
 import yaml
 from support.dockerfile import REPO, stages
 
+from turnwire_server.api.standard_services import LIVENESS
 from turnwire_server.app import _TURN_END_MARGIN_SECONDS, start
 from turnwire_server.config import Settings, load_settings
 from turnwire_server.health_check import check_health
@@ -142,6 +143,15 @@ def test_liveness_never_cuts_a_graceful_stop_short(tmp_path: Path) -> None:
     assert sidecar()["readinessProbe"]["failureThreshold"] == 1, "out of the Services at the first check"
 
 
+def test_liveness_asks_the_status_that_stays_serving_through_an_outage() -> None:
+    """Readiness and start-up ask ``""`` (NOT_SERVING while draining or while the database is
+    unreachable); liveness asks the status that stays SERVING then, or a database outage would
+    restart every replica (docs/operate/outages.md)."""
+    assert sidecar()["livenessProbe"]["grpc"]["service"] == LIVENESS
+    for probe in ("startupProbe", "readinessProbe"):
+        assert sidecar()[probe]["grpc"].get("service", "") == "", probe
+
+
 def test_the_pod_runs_as_the_images_non_root_user_on_a_read_only_root() -> None:
     runtime = stages()[-1]
     uid, _, gid = runtime.last("USER").partition(":")
@@ -188,7 +198,12 @@ async def test_the_example_config_starts_a_serving_sidecar(
     )
     running = await start(settings)
     try:
-        answer = await asyncio.to_thread(check_health, f"127.0.0.1:{running.port}")
+        answers = {
+            probe: await asyncio.to_thread(
+                check_health, f"127.0.0.1:{running.port}", sidecar()[probe]["grpc"].get("service", "")
+            )
+            for probe in PROBES
+        }
     finally:
         await running.stop()
-    assert answer.status == "SERVING"
+    assert {probe: answer.status for probe, answer in answers.items()} == dict.fromkeys(PROBES, "SERVING")

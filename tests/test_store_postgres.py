@@ -12,6 +12,7 @@ import dataclasses
 import datetime as dt
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from support.stores import StoreBackend, postgres_database
@@ -22,6 +23,7 @@ from turnwire.errors import CanonicalCode
 from turnwire_client.v1 import message_pb2
 from turnwire_server import cli
 from turnwire_server.config import ConfigError, load_settings
+from turnwire_server.migrate import migrate_store
 from turnwire_server.store import StoreError, TurnRecord, open_store, redact_url
 from turnwire_server.store.errors import StoreValueRefused, ToolCallNotPending
 from turnwire_server.store.postgres import QUEUE_STEP, PostgresStore
@@ -456,6 +458,35 @@ def test_turnwire_migrate_applies_pending_migrations_and_says_which(pg_url: str)
     check = StoreBackend("postgres", url=pg_url)
     assert check.sql("SELECT COUNT(*) FROM schema_migrations") == [(16,)]
     asyncio.run(check.close())
+
+
+def test_turnwire_migrate_reads_the_config_file_turnwire_config_names(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As ``serve`` does: a deploy job with the sidecar's environment migrates the configured
+    PostgreSQL store. It migrated a new SQLite file in the working directory instead, and said
+    the schema was current."""
+    config = tmp_path / "turnwire.yaml"
+    config.write_text(f"store:\n  url: {pg_url}\n")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli.app, ["migrate"], env={"TURNWIRE_CONFIG": str(config)})
+    assert result.exit_code == 0, result.output
+    assert "16 migration(s) applied" in result.output and "sqlite" not in result.output
+    assert not (tmp_path / "turnwire.db").exists()
+    check = StoreBackend("postgres", url=pg_url)
+    assert check.sql("SELECT COUNT(*) FROM schema_migrations") == [(16,)]
+    asyncio.run(check.close())
+
+
+async def test_a_database_never_reached_is_not_said_to_have_stopped_answering(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``turnwire migrate`` (or a start) against a database that never answered printed "the
+    database stopped answering; refusing work until it answers again" above its own error, as
+    if a running replica had lost it."""
+    with pytest.raises(StoreError, match="Connection refused"):
+        await migrate_store(f"postgresql://app@127.0.0.1:{_closed_port()}/db")
+    assert "stopped answering" not in caplog.text
 
 
 def test_turnwire_migrate_fails_clearly_without_showing_the_password() -> None:

@@ -361,6 +361,17 @@ def test_tracing_settings_keep_headers_secret_and_name_a_bad_field(monkeypatch: 
         load_settings(None, tracing={"sampler_ratio": 1.5})
 
 
+def test_an_endpoint_without_a_scheme_says_how_to_name_the_transport() -> None:
+    """``otel-collector:4317`` was taken for TLS: a plaintext collector got no span, and the only
+    sign was the exporter's handshake error every few seconds."""
+    with pytest.raises(ConfigError, match=r"http://otel-collector:4317 for a plaintext collector"):
+        load_settings(None, tracing={"enabled": True, "endpoint": "otel-collector:4317"})
+    for endpoint in ("http://otel-collector:4317", "https://otel-collector:4317"):
+        assert load_settings(None, tracing={"endpoint": endpoint}).tracing.endpoint == endpoint
+    explicit = load_settings(None, tracing={"endpoint": "otel-collector:4317", "insecure": True})
+    assert explicit.tracing.insecure is True
+
+
 def test_the_spans_resource_names_the_service_and_equals_the_sdks_own() -> None:
     resource = service_resource({"service.name": "sidecar-a"})
     plain = Resource(resource.attributes, resource.schema_url)

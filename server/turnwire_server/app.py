@@ -3,7 +3,8 @@
 This module, :mod:`turnwire_server.assembly` (what the sidecar is built from) and
 :mod:`turnwire_server.background` (what runs beside its RPCs) are the only places that name
 concrete implementations; the engine sees interfaces. ``serve`` runs until SIGTERM or SIGINT,
-then shuts down gracefully: health goes NOT_SERVING (overall and per service) while calls are
+then shuts down gracefully: health goes NOT_SERVING (overall and for ChatService; the liveness
+status, :data:`~turnwire_server.api.standard_services.LIVENESS`, stays SERVING) while calls are
 still taken for ``limits.drain_seconds`` (the drain window: readiness probes and load balancers
 move traffic away first; a second SIGTERM/SIGINT ends it), then no new calls are accepted,
 running turns get ``limits.shutdown_grace_seconds`` to finish, the rest are cancelled and store
@@ -35,7 +36,7 @@ from turnwire_server.api.authentication import Authenticator
 from turnwire_server.api.chat_service import ChatService
 from turnwire_server.api.rpc_logging import quiet_grpc_call_noise
 from turnwire_server.api.rpc_observer import RpcObserver
-from turnwire_server.api.standard_services import add_standard_services
+from turnwire_server.api.standard_services import LIVENESS, add_standard_services
 from turnwire_server.api.status import status_of
 from turnwire_server.api.tls import ServerTls
 from turnwire_server.assembly import (
@@ -44,6 +45,7 @@ from turnwire_server.assembly import (
     build_providers,
     check_listen,
     check_models,
+    check_providers,
     configure_session,
     engine_settings,
     load_middlewares,
@@ -81,7 +83,7 @@ from turnwire_server.http.server import HttpListener, HttpListenError, start_htt
 from turnwire_server.metrics_endpoint import MetricsEndpoint, start_metrics_endpoint
 from turnwire_server.providers.registry import ProviderRegistry
 from turnwire_server.remote_hooks import RemoteMiddleware
-from turnwire_server.store import Store, store_label
+from turnwire_server.store import Store, open_store, store_label
 from turnwire_server.store_health import StoreHealth
 from turnwire_server.subagent_loading import SubagentConfigError, build_subagents
 from turnwire_server.tools.tool_set import ToolSet
@@ -280,7 +282,9 @@ def grpc_options(settings: Settings, *, shared_port: bool = False) -> list[tuple
     ]
 
 
-async def start(settings: Settings, *, worker: bool = False) -> Sidecar:
+async def start(
+    settings: Settings, *, worker: bool = False, stop_requested: asyncio.Event | None = None
+) -> Sidecar:
     """Check the configuration, open the store, recover crashed turns and start serving.
 
     Everything that can be checked without the store is checked first, so a
@@ -288,6 +292,8 @@ async def start(settings: Settings, *, worker: bool = False) -> Sidecar:
     message that says what to fix. ``worker``: one of ``serve --workers N``'s processes
     (:mod:`turnwire_server.supervisor`): the supervisor checked and holds the port and serves
     the metrics, so this process binds the port with ``SO_REUSEPORT`` and opens no metrics endpoint.
+    ``stop_requested`` set while the start waits for the store's database ends the wait:
+    :class:`~turnwire_server.assembly.StartupStopped`.
     """
     tls = open_tls(settings)
     CACHES.resize(settings.memory.cache_bytes)
@@ -304,7 +310,9 @@ async def start(settings: Settings, *, worker: bool = False) -> Sidecar:
     try:
         tools = await open_tools(settings)
         try:
-            sidecar = await _start(settings, providers, access, tools, tls, shared_port=worker)
+            sidecar = await _start(
+                settings, providers, access, tools, tls, shared_port=worker, stop_requested=stop_requested
+            )
         except BaseException:
             await tools.aclose()
             raise
@@ -314,6 +322,26 @@ async def start(settings: Settings, *, worker: bool = False) -> Sidecar:
         raise
     sidecar.metrics_endpoint = endpoint
     return sidecar
+
+
+async def check_startable(settings: Settings) -> None:
+    """What :func:`start` checks before it opens anything (no port, store, tool or import of
+    the operator's code), for ``turnwire config show`` to refuse what ``serve`` would: the
+    providers and models, the ``tls:`` files, the ``auth:`` tokens and key set, the webhook
+    signing secrets, the store URL and its password variable. Raises :class:`StartupError` with
+    ``serve``'s message."""
+    await check_providers(settings)
+    open_tls(settings)
+    build_access(settings)
+    try:
+        Signers(settings.webhooks)
+    except MissingSecret as error:
+        raise StartupError(str(error)) from None
+    store = settings.store
+    try:
+        open_store(store.url, pool_size=store.pool_size, password_env=store.password_env)  # not opened
+    except ValueError as error:
+        raise StartupError(f"store.url: {error}") from error
 
 
 def _metrics_endpoint(settings: Settings) -> MetricsEndpoint | None:
@@ -337,6 +365,7 @@ async def _start(
     tls: ServerTls | None,
     *,
     shared_port: bool,
+    stop_requested: asyncio.Event | None = None,
 ) -> Sidecar:
     """The start-up after the providers are built and the tools listed, in order: everything
     else checkable without the store, then the store, the engine with its recoveries, the gRPC
@@ -355,7 +384,10 @@ async def _start(
         raise StartupError(str(error)) from None
     replica_id = new_replica_id()
     store = await open_configured_store(
-        settings.store, patience_seconds=settings.durability.store_outage_seconds, replica_id=replica_id
+        settings.store,
+        patience_seconds=settings.durability.store_outage_seconds,
+        replica_id=replica_id,
+        stop_requested=stop_requested,
     )
     try:
         tracing, tracer_provider = open_tracing(settings)
@@ -500,11 +532,11 @@ async def _start_http(settings: Settings, calls: InProcessCalls, *, shared_port:
 
 
 async def _announce(sidecar: Sidecar) -> None:
-    """Health SERVING (overall and for ChatService), then the start-up warnings and the
-    "listening" lines. Only now: a start that fails (a missing API key, say) says what to fix
-    and nothing else."""
+    """Health SERVING (overall, for ChatService and the liveness status), then the start-up
+    warnings and the "listening" lines. Only now: a start that fails (a missing API key, say)
+    says what to fix and nothing else."""
     settings = sidecar.settings
-    for service in ("", SERVICE_NAME):
+    for service in ("", SERVICE_NAME, LIVENESS):
         await sidecar.health.set(service, health_pb2.HealthCheckResponse.SERVING)
     warn_of_demo_tools(settings)
     warn_of_sections_left_off(settings)
@@ -532,6 +564,10 @@ def _transport(settings: Settings) -> str:
     return "mutual TLS" if settings.tls.client_auth == "require" else "TLS"
 
 
+_HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+"""The signals :func:`serve` handles, from its first line on."""
+
+
 async def serve(
     settings: Settings,
     *,
@@ -546,16 +582,25 @@ async def serve(
     ``on_ready(sidecar, stop)`` runs once serving, ``stop()`` acting as SIGTERM does.
     """
     # The handlers go in before start-up announces anything (health SERVING, the "listening"
-    # line): a signal from then on is a graceful stop, never the default kill (exit 143). One
-    # that lands during start-up is kept and acted on once the sidecar is up.
+    # line): a signal from then on is a graceful stop, never the default kill (exit 143, or 129
+    # for SIGHUP). One that lands during start-up is kept and acted on once the sidecar is up,
+    # except that a stop signal ends a wait for the store's database at once (StartupStopped):
+    # nothing is served yet, and that wait may last durability.store_outage_seconds.
     loop = asyncio.get_running_loop()
     early: list[signal.Signals] = []
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, early.append, signum)
+    stop_requested = asyncio.Event()
+
+    def on_early_signal(signum: signal.Signals) -> None:
+        early.append(signum)
+        if signum != signal.SIGHUP:
+            stop_requested.set()
+
+    for signum in _HANDLED:
+        loop.add_signal_handler(signum, on_early_signal, signum)
     try:
-        sidecar = await start(settings, worker=worker)
+        sidecar = await start(settings, worker=worker, stop_requested=stop_requested)
     except BaseException:
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in _HANDLED:
             loop.remove_signal_handler(signum)
         raise
     tune_collector()
@@ -579,7 +624,10 @@ async def serve(
         loop.add_signal_handler(signum, on_signal, signum)
     loop.add_signal_handler(signal.SIGHUP, sidecar.reload)
     for signum in early:
-        on_signal(signum)
+        if signum == signal.SIGHUP:
+            sidecar.reload()  # files renewed while it started
+        else:
+            on_signal(signum)
     if on_ready is not None:
         on_ready(sidecar, lambda: on_signal(signal.SIGTERM))
     await stop.wait()

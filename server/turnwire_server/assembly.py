@@ -5,6 +5,7 @@ access, TLS, tools, the session's configuration, the store, tracing and the engi
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "StartupError",
+    "StartupStopped",
     "build_access",
     "build_providers",
     "check_listen",
@@ -63,6 +65,11 @@ log = logging.getLogger("turnwire.server")
 
 class StartupError(Exception):
     """The sidecar cannot start; the message says what to fix."""
+
+
+class StartupStopped(StartupError):
+    """A stop signal (SIGTERM, SIGINT) ended the start while it waited for the store's database:
+    nothing was served, and the process exits 0."""
 
 
 def load_middlewares(entries: Sequence[MiddlewareEntry]) -> list[Middleware]:
@@ -357,13 +364,20 @@ def check_listen(listen: str) -> None:
         raise StartupError(str(error)) from error
 
 
-async def open_configured_store(config: StoreSettings, *, patience_seconds: float, replica_id: str) -> Store:
+async def open_configured_store(
+    config: StoreSettings,
+    *,
+    patience_seconds: float,
+    replica_id: str,
+    stop_requested: asyncio.Event | None = None,
+) -> Store:
     """The configured store, opened (migrated, locked). While the database is unreachable
     (:class:`StoreUnreachable`: restarting, not yet up, cut off) the opening is retried with
     backoff for up to ``patience_seconds`` (``durability.store_outage_seconds``), as a turn's
     final write is (docs/operate/outages.md): a replica started during a database restart comes
     up once the database does. A refusal (no such database or role, a wrong password) fails at
-    once. ``replica_id`` names its database sessions (this process's turns' owner). Raises
+    once. ``replica_id`` names its database sessions (this process's turns' owner).
+    ``stop_requested`` set (a stop signal) ends the wait at once: :class:`StartupStopped`. Raises
     :class:`StartupError` naming no store address (:func:`store_label`)."""
     try:
         store = open_store(
@@ -373,9 +387,17 @@ async def open_configured_store(config: StoreSettings, *, patience_seconds: floa
         raise StartupError(f"store.url: {error}") from error
     try:
         await until_stored(
-            store.open, patience_seconds=patience_seconds, what="opening the store", retry_on=StoreUnreachable
+            store.open,
+            patience_seconds=patience_seconds,
+            what="opening the store",
+            retry_on=StoreUnreachable,
+            give_up=stop_requested,
         )
     except Exception as error:
+        if stop_requested is not None and stop_requested.is_set():
+            raise StartupStopped(
+                f"stopped by a signal while waiting for the store ({store_label(config.url)}): {error}"
+            ) from error
         raise StartupError(f"cannot open the store ({store_label(config.url)}): {error}") from error
     return store
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from turnwire_server.store import Store, StoreError, StoreInUse, open_store
 
-__all__ = ["COPIED_TABLES", "copy_sqlite_to_postgres", "migrate_store"]
+__all__ = ["COPIED_TABLES", "NOT_COPIED", "copy_sqlite_to_postgres", "migrate_store"]
 
 
 def _sqlite_versions(path: Path) -> set[str]:
@@ -66,11 +66,22 @@ COPIED_TABLES: tuple[str, ...] = (
     "compactions",
     "budget_spend",
     "budget_reservations",
+    "schedules",
+    "webhook_deliveries",
+    "webhook_attempts",
 )
-"""What ``turnwire migrate --from … --to …`` copies, parents first (foreign keys); budgets too,
-so what was spent is not forgotten by a move (docs/cost.md, "Budgets"). Not copied:
-``schema_migrations`` (each store has its own) and ``turn_queue`` (live tickets of running
-processes; there are none once the source is stopped)."""
+"""What ``turnwire migrate --from … --to …`` copies, parents first (foreign keys): every table
+of the schema but two. Budgets too, so what was spent is not forgotten by a move
+(docs/cost.md, "Budgets"); schedules, so they go on firing from the new store; webhook
+deliveries and their attempts, so a pending call is still made and the record of past ones
+stays. Not copied: ``schema_migrations`` (each store has its own) and ``turn_queue`` (live
+tickets of running processes; there are none once the source is stopped)."""
+
+NOT_COPIED: tuple[str, ...] = ("schema_migrations", "turn_queue")
+"""The tables of the schema :data:`COPIED_TABLES` leaves out, on purpose (see there)."""
+
+_USED_WHEN_HOLDING: tuple[str, ...] = ("conversations", "submissions", "schedules")
+"""A target holding rows in any of these is in use: the copy refuses it."""
 
 
 async def copy_sqlite_to_postgres(
@@ -82,7 +93,7 @@ async def copy_sqlite_to_postgres(
     Both are migrated to the current schema first (the SQLite file through its store, which
     also proves no other process serves it). The copy is one PostgreSQL transaction (``COPY``
     per table): it lands whole or not at all. Raises :class:`StoreError` when the target
-    already holds conversations or submissions, either store fails, or a table's columns differ
+    already holds conversations, submissions or schedules, either store fails, or a table's columns differ
     (a schema this build does not know); :class:`ValueError` for URLs of other kinds.
     """
     import psycopg
@@ -111,7 +122,7 @@ async def copy_sqlite_to_postgres(
         connection = await psycopg.AsyncConnection.connect(*target_info[0], **target_info[1])
         with source_db as db:
             async with connection as conn, conn.transaction():
-                for table in ("conversations", "submissions"):
+                for table in _USED_WHEN_HOLDING:
                     cur = await conn.execute(f"SELECT 1 FROM {table} LIMIT 1".encode())
                     if await cur.fetchone() is not None:
                         raise StoreError(

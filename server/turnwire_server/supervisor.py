@@ -21,12 +21,15 @@ The supervisor:
   supervisor died) stops as on SIGTERM;
 - forwards SIGTERM, SIGINT and SIGHUP; each worker then drains, stops or reloads its TLS files and
   token sources as a single sidecar does. Workers run in their own session, so a terminal's Ctrl-C
-  reaches them once, through the supervisor;
+  reaches them once, through the supervisor. A worker that has not said it serves yet may still
+  be importing, before any handler: it gets SIGTERM for either stop signal (SIGINT would print a
+  ``KeyboardInterrupt`` traceback), which then ends it as a stop, and no SIGHUP (whose default
+  action would kill it; it reads its files as it starts);
 - restarts a worker that exits on its own after a backoff (0.5 s, doubling up to 30 s, while it
   keeps exiting within 30 s of its start) and gives up after 5 such exits in a row: it stops the
   other workers and exits 1;
 - exits 1 when a worker cannot start at first (the worker printed why), after stopping the others;
-  after a signal, 0 once every worker exited 0;
+  after a signal, 0 once every worker exited 0 (or, not serving yet, was ended by that SIGTERM);
 - serves the metrics endpoint alone: the workers write prometheus-client's multiprocess files in
   a directory it creates (``PROMETHEUS_MULTIPROC_DIR``) and removes at exit (one that a
   SIGKILLed supervisor left is removed at the next start), and a scrape adds them up
@@ -80,6 +83,8 @@ class _Worker:
     process: asyncio.subprocess.Process | None = None
     started_at: float = 0.0
     quick_exits: int = 0
+    ready: bool = False
+    """The current process said it serves (its signal handlers are in place)."""
 
     def signal(self, signum: int) -> None:
         if self.process is not None and self.process.returncode is None:
@@ -140,7 +145,10 @@ class Supervisor:
                 log.info("%s: stopping the workers", signum.name)
             self._stopping.set()
         for worker in self._workers:
-            worker.signal(signum)
+            if worker.ready:
+                worker.signal(signum)
+            elif signum != signal.SIGHUP:
+                worker.signal(signal.SIGTERM)
 
     async def _start(self, worker: _Worker) -> bool:
         """Start ``worker``'s process; True once it serves, False when it exited first."""
@@ -163,7 +171,7 @@ class Supervisor:
             raise
         finally:
             os.close(ready_write)
-        worker.process, worker.started_at = process, time.monotonic()
+        worker.process, worker.started_at, worker.ready = process, time.monotonic(), False
         log.info("worker %d started: pid %d", worker.number, process.pid)
         if self._stopping.is_set():  # a signal came while it was being created
             worker.signal(signal.SIGTERM)
@@ -176,7 +184,8 @@ class Supervisor:
             lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(ready_read, "rb", buffering=0)
         )
         try:
-            return await reader.read(1) == _READY
+            worker.ready = await reader.read(1) == _READY
+            return worker.ready
         finally:
             transport.close()
 
@@ -190,6 +199,10 @@ class Supervisor:
                 # Its live* gauges go; its counters stay in the sums.
                 mark_process_dead(worker.process.pid, self._metrics_dir)  # type: ignore[no-untyped-call]
             if self._stopping.is_set():
+                if code == -signal.SIGTERM and not worker.ready:
+                    # Ended by the stop before it served (still importing): a stop like any other.
+                    log.info("worker %d (pid %d) stopped before it served", worker.number, worker.process.pid)
+                    return True
                 if code != 0:
                     log.warning("worker %d (pid %d) exited with %s", worker.number, worker.process.pid, code)
                 return code == 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from turnwire_server.config_section import ConfigSection
 
@@ -24,7 +24,10 @@ class TracingSettings(ConfigSection):
     (else ``turnwire``), ``sampler_ratio`` to ``OTEL_TRACES_SAMPLER`` (else every trace, or as
     the caller's ``traceparent`` decided). ``headers`` values are secrets: never logged or shown.
     ``capture_message_content`` records prompts, replies and tool inputs and outputs in spans
-    (the conventions' opt-in attributes).
+    (the conventions' opt-in attributes). An ``endpoint`` without ``http://`` or ``https://``
+    needs ``insecure`` set: the exporter would take it for TLS, and a plaintext collector
+    (``otel-collector:4317``, as collectors are often named) would get no span, only a
+    handshake error per export.
     """
 
     enabled: bool = False
@@ -41,6 +44,21 @@ class TracingSettings(ConfigSection):
         None, ge=0, le=1, description="share of new traces recorded (parent-based: a caller's decision wins)"
     )
     capture_message_content: bool = Field(False, description="record message content in spans")
+
+    @model_validator(mode="after")
+    def _transport_is_said(self) -> TracingSettings:
+        endpoint = self.endpoint
+        if (
+            endpoint is not None
+            and self.insecure is None
+            and not endpoint.startswith(("http://", "https://"))
+        ):
+            raise ValueError(
+                f"endpoint {endpoint!r} has no scheme, so spans would go over TLS: write "
+                f"http://{endpoint} for a plaintext collector or https://{endpoint} for TLS "
+                "(or set tracing.insecure)"
+            )
+        return self
 
     @field_validator("ca_file")
     @classmethod

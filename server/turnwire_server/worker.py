@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable
 
 from turnwire_server.app import Sidecar, serve
-from turnwire_server.assembly import StartupError
+from turnwire_server.assembly import StartupError, StartupStopped
 from turnwire_server.config import Settings
 from turnwire_server.event_loop import EventLoopUnavailable, run
 from turnwire_server.logs import configure_process_logging
@@ -51,6 +51,9 @@ def main(argv: list[str]) -> int:
 
     try:
         run(serve(settings, worker=True, on_ready=on_ready), settings.event_loop)
+    except StartupStopped as stopped:
+        print(f"turnwire: worker {number}: {stopped}", file=sys.stderr, flush=True)
+        return 0
     except (StartupError, EventLoopUnavailable) as error:
         print(f"turnwire: worker {number} cannot start: {error}", file=sys.stderr, flush=True)
         return 1

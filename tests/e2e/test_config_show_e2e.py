@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 from support.sidecar import run_turnwire
 
@@ -127,3 +128,44 @@ async def test_a_variable_a_setting_names_is_not_warned_about(tmp_path: Path) ->
     assert result.code == 0, result.stderr
     assert "TURNWIRE_WEBHOOK_SECRET" not in result.stderr
     assert "TURNWIRE_LIMIT__MAX_STEPS is ignored" in result.stderr
+
+
+async def test_config_show_reads_the_file_turnwire_config_names(tmp_path: Path) -> None:
+    """As ``serve`` does (its ``--config`` falls back to ``TURNWIRE_CONFIG``): config show
+    printed the defaults instead, not the configuration serve would run with."""
+    config = tmp_path / "turnwire.yaml"
+    config.write_text("limits:\n  max_steps: 3\n")
+    result = await run_turnwire("config", "show", env={"TURNWIRE_CONFIG": str(config)})
+    assert result.code == 0, result.stderr
+    assert yaml.safe_load(result.stdout)["limits"]["max_steps"] == 3
+
+
+@pytest.mark.parametrize(
+    ("config", "said"),
+    [
+        (
+            "tls: {cert_file: /nonexistent/tw.pem, key_file: /nonexistent/tw.key}",
+            "tls.cert_file /nonexistent/tw.pem: no such file",
+        ),
+        ("auth: {enabled: true, tokens_file: /nonexistent/tokens.json}", "auth.tokens_file /nonexistent/"),
+        (
+            "webhooks: {endpoints: {app: {url: 'https://example.com/h', secret_env: TW_UNSET_SECRET}}}",
+            "webhooks.endpoints.app.secret_env names the environment variable TW_UNSET_SECRET",
+        ),
+        (
+            "store: {url: 'postgresql://tw@db.internal/turnwire', password_env: TW_UNSET_PASSWORD}",
+            "store.url: store.password_env names the environment variable 'TW_UNSET_PASSWORD'",
+        ),
+    ],
+)
+async def test_config_show_refuses_the_files_and_secrets_serve_refuses(
+    tmp_path: Path, config: str, said: str
+) -> None:
+    """A deploy's check with `config show` passed (exit 0) for a configuration whose files or
+    secret variables made `serve` exit 1 at once: it checked the providers only."""
+    path = tmp_path / "turnwire.yaml"
+    path.write_text(config + "\n")
+    shown = await run_turnwire("config", "show", "--config", str(path))
+    assert shown.code == 2, shown
+    assert shown.stdout == ""
+    assert f"serve would refuse this configuration: {said}" in shown.stderr, shown.stderr

@@ -2,8 +2,9 @@
 
 On SIGTERM a draining replica turns its readiness off before it stops taking turns (issue 11):
 the health service answers NOT_SERVING, overall and for ChatService, at once, while new calls
-are still served for the window; then new calls are refused and the turns in flight finish
-within ``limits.shutdown_grace_seconds``. A second SIGTERM ends the window early.
+are still served for the window (the liveness status stays SERVING: a liveness probe restarts
+nothing); then new calls are refused and the turns in flight finish within
+``limits.shutdown_grace_seconds``. A second SIGTERM ends the window early.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from support.waiting import wait_until
 
 from turnwire_client import TurnwireClient, collect
 from turnwire_client.v1 import event_pb2
+from turnwire_server.api.standard_services import LIVENESS
 from turnwire_server.app import SERVICE_NAME
 
 DRAIN = 4.0
@@ -66,6 +68,7 @@ async def health_is(sidecar: SidecarProcess, expected: int | grpc.StatusCode) ->
 async def test_sigterm_turns_readiness_off_then_stops_taking_turns(sidecar_factory: SidecarFactory) -> None:
     sidecar = await sidecar_factory(CONFIG).start()
     assert await health(sidecar) == SERVING
+    assert await health(sidecar, LIVENESS) == SERVING
     async with TurnwireClient(sidecar.target) as client:
         in_flight = client.chat("in-flight", "hello", model="scripted:slow")
         assert (await anext(in_flight)).HasField("turn_start")
@@ -75,6 +78,7 @@ async def test_sigterm_turns_readiness_off_then_stops_taking_turns(sidecar_facto
         # Readiness off at once, overall and per service, while the listener still answers.
         await wait_until(lambda: health_is(sidecar, NOT_SERVING), what="health NOT_SERVING")
         assert await health(sidecar, SERVICE_NAME) == NOT_SERVING
+        assert await health(sidecar, LIVENESS) == SERVING, "liveness does not restart a draining sidecar"
         # ... and a new turn is still taken and runs to its end during the window.
         during = await collect(client.chat("during-drain", "hello"))
         assert during.ok, during

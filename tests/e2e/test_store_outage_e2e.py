@@ -6,7 +6,8 @@ cuttable loopback proxy (``support.tcp_proxy``). Faults: the cluster restarted w
 (``stop -m fast``, then ``start``), the link reset (a closed port) and blackholed (a cut route:
 nothing answers) for ``OUTAGE_SECONDS``. Checked:
 
-- while the database is gone, health reports NOT_SERVING and a new call is refused at once with
+- while the database is gone, health reports NOT_SERVING (the liveness status stays SERVING, so a
+  liveness probe restarts nothing) and a new call is refused at once with
   ``UNAVAILABLE`` (reason ``STORE_UNAVAILABLE``) and a ``RetryInfo`` delay, naming no address;
   once it is back, SERVING again and calls run: the pool and the listener recovered in place;
 - a turn in flight across the outage completes once the database is back: its user message and
@@ -26,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import signal
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -36,12 +38,13 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from support.pg_cluster import PgCluster
-from support.sidecar import SidecarError, SidecarFactory, SidecarProcess, running_sidecar
+from support.sidecar import SidecarError, SidecarFactory, SidecarProcess, free_port, running_sidecar
 from support.tcp_proxy import TcpProxy
 from support.waiting import wait_until
 
 from turnwire_client import TurnwireClient, TurnwireError, collect
 from turnwire_client.v1 import event_pb2, message_pb2
+from turnwire_server.api.standard_services import LIVENESS
 
 pytestmark = pytest.mark.postgres
 
@@ -79,12 +82,13 @@ class Rig:
         with psycopg.connect(self.cluster.url, autocommit=True) as conn:
             return list(conn.execute(query.encode(), params).fetchall())
 
-    async def health(self) -> str:
-        """The overall health status's name, or ``unreachable``."""
+    async def health(self, service: str = "") -> str:
+        """The health status's name for ``service`` (the overall one by default), or
+        ``unreachable``."""
         async with grpc.aio.insecure_channel(self.sidecar.target) as channel:
             try:
                 reply = await health_pb2_grpc.HealthStub(channel).Check(
-                    health_pb2.HealthCheckRequest(), timeout=5
+                    health_pb2.HealthCheckRequest(service=service), timeout=5
                 )
             except grpc.RpcError:
                 return "unreachable"
@@ -147,9 +151,11 @@ async def test_while_the_database_is_unreachable_calls_are_refused_at_once_and_h
         rig.proxy.cut(how)  # type: ignore[arg-type]
         try:
             await rig.wait_health("NOT_SERVING", timeout=15)
+            assert await rig.health(LIVENESS) == "SERVING", "a liveness probe would restart it"
             await assert_refused_at_once(rig, client)
             await asyncio.sleep(OUTAGE_SECONDS)  # the outage's length is the fault being injected
             await assert_refused_at_once(rig, client)
+            assert await rig.health(LIVENESS) == "SERVING"
         finally:
             rig.proxy.restore()
         await assert_serves_again(rig, client)
@@ -281,3 +287,29 @@ async def test_a_replica_started_while_the_database_is_unreachable_comes_up_once
     with pytest.raises(SidecarError, match='database "no_such_database" does not exist'):
         await refused.start()
     assert time.monotonic() - began < 30, "a refusal is not waited out"
+
+
+async def test_a_stop_signal_ends_a_starts_wait_for_the_database_and_sighup_does_not_kill_it(
+    sidecar_factory: SidecarFactory, tmp_path: Path
+) -> None:
+    """A replica waiting at start for a database that does not answer (up to
+    ``durability.store_outage_seconds``, 90 s here) stops at once on SIGTERM, exit 0: nothing
+    was served. A SIGHUP meanwhile (a renewed certificate) is kept for once it is up.
+
+    Before: SIGTERM was held until the wait ended (then exit 1), longer than a supervisor waits
+    before SIGKILL (docs/operate/stopping.md); SIGHUP killed the process (exit 129)."""
+    store_url = f"postgresql://postgres@127.0.0.1:{free_port()}/postgres"  # nothing listens there
+    sidecar = sidecar_factory(CONFIG, workdir=tmp_path, store_url=store_url)
+    starting = asyncio.ensure_future(sidecar.start())
+    await wait_until(
+        lambda: "opening the store failed" in sidecar.log_text() or starting.done(),
+        timeout=60,
+        what="the start waits for the database",
+    )
+    assert not starting.done(), sidecar.log_text()
+    sidecar.send_signal(signal.SIGHUP)
+    sidecar.send_signal(signal.SIGTERM)
+    assert await sidecar.wait(timeout=15) == 0, sidecar.log_text()
+    assert "stopped by a signal while waiting for the store (postgres)" in sidecar.log_text()
+    with pytest.raises(SidecarError):
+        await starting

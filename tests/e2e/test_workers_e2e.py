@@ -12,6 +12,7 @@ that says what to fix.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
@@ -29,7 +30,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.connect_calls import ConnectChat
 from support.hooks import pythonpath_env
-from support.sidecar import SidecarFactory, SidecarProcess, free_port, run_turnwire
+from support.sidecar import SidecarError, SidecarFactory, SidecarProcess, free_port, run_turnwire
 from support.stores import postgres_database
 from support.waiting import wait_until
 
@@ -304,3 +305,29 @@ async def test_a_worker_that_keeps_dying_makes_the_supervisor_give_up(
     assert any(
         "exited 2 times in a row within 30 s of starting: giving up" in r.message for r in caplog.records
     )
+
+
+async def test_signals_while_the_workers_start_stop_them_cleanly(
+    sidecar_factory: SidecarFactory, pg_url: str
+) -> None:
+    """SIGHUP then SIGTERM right after the supervisor started its workers (still importing, no
+    handler in place): no worker is killed by the SIGHUP and restarted, and the stop exits 0.
+
+    Before: the SIGHUP killed each starting worker (restarted as "exited unexpectedly"), and a
+    SIGTERM that met a starting worker made the supervisor exit 1 ("exited with -15")."""
+    sidecar = sidecar_factory(config(), WORKERS_ENV, store_url=pg_url)
+    starting = asyncio.ensure_future(sidecar.start())
+    await wait_until(
+        lambda: "worker 2 started" in sidecar.log_text() or starting.done(),
+        START_SECONDS,
+        what="the supervisor started its workers",
+    )
+    assert "workers serving" not in sidecar.log_text(), "the signals must meet starting workers"
+    sidecar.send_signal(signal.SIGHUP)
+    sidecar.send_signal(signal.SIGTERM)
+    assert await sidecar.wait() == 0, sidecar.log_text()
+    log_text = sidecar.log_text()
+    assert "exited unexpectedly" not in log_text and "exited with" not in log_text, log_text
+    assert "Traceback" not in log_text, log_text
+    with contextlib.suppress(SidecarError):
+        await starting  # it may have seen SERVING from a worker that started first

@@ -24,6 +24,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_g
 
 __all__ = [
     "HEALTH_SERVICE",
+    "LIVENESS",
     "REFLECTION_V1",
     "REFLECTION_V1ALPHA",
     "STANDARD_SERVICES",
@@ -36,6 +37,12 @@ REFLECTION_V1ALPHA: str = reflection.SERVICE_NAME
 """``grpc.reflection.v1alpha.ServerReflection``."""
 REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
 """The current reflection service (grpc-proto ``grpc/reflection/v1/reflection.proto``)."""
+LIVENESS = "turnwire.liveness"
+"""The health status name a liveness probe asks (docs/operate/deploy.md): SERVING from start-up
+until the graceful stop closes the listener, through the drain window and while the store's
+database is unreachable, which turn ``""`` and ChatService NOT_SERVING (readiness). A liveness
+probe on ``""`` would restart every replica during a database outage, cutting off the turns
+that wait for it to store their answers."""
 STANDARD_SERVICES: tuple[str, ...] = (HEALTH_SERVICE, REFLECTION_V1, REFLECTION_V1ALPHA)
 """The services :func:`add_standard_services` registers, by full name."""
 

@@ -70,11 +70,14 @@ def serve(
         _supervise(settings)
         return
     from turnwire_server.app import serve as run_server
-    from turnwire_server.assembly import StartupError
+    from turnwire_server.assembly import StartupError, StartupStopped
     from turnwire_server.event_loop import EventLoopUnavailable, run
 
     try:
         run(run_server(settings), settings.event_loop)
+    except StartupStopped as stopped:
+        typer.echo(f"turnwire: {stopped}", err=True)
+        return
     except (StartupError, EventLoopUnavailable) as error:
         typer.echo(f"turnwire: cannot start: {error}", err=True)
         raise typer.Exit(1) from None
@@ -121,23 +124,28 @@ def _load(
 
 def config_show(
     listen: Annotated[str | None, typer.Option(help="As serve's --listen.")] = None,
-    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML configuration file.")] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", "-c", envvar="TURNWIRE_CONFIG", help="YAML configuration file."),
+    ] = None,
     store: Annotated[str | None, typer.Option(help="As serve's --store.")] = None,
 ) -> None:
     """Print the effective configuration as YAML, secrets masked.
 
     The configuration serve would load (flags, TURNWIRE_* variables, the file, defaults), with
-    secrets shown as ***. Exit status 2 when it is invalid, or when serve would refuse it for its
-    providers (a default_model no provider serves, a missing API key).
+    secrets shown as ***. Exit status 2 when it is invalid, or when serve would refuse it before
+    opening anything: its providers (a default_model no provider serves, a missing API key), the
+    tls: files, auth: tokens or key set, a webhook secret or store.password_env variable unset.
     """
     import yaml
 
-    from turnwire_server.assembly import StartupError, check_providers
+    from turnwire_server.app import check_startable
+    from turnwire_server.assembly import StartupError
     from turnwire_server.redaction import redacted_settings
 
     settings = _load(config, listen, store)
     try:
-        asyncio.run(check_providers(settings))
+        asyncio.run(check_startable(settings))
     except StartupError as error:
         typer.echo(f"turnwire: serve would refuse this configuration: {error}", err=True)
         raise typer.Exit(2) from None
@@ -154,7 +162,10 @@ def migrate(
         str | None,
         typer.Option("--store-url", "--store", help="Store URL; default: the configured store.url."),
     ] = None,
-    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML configuration file.")] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", "-c", envvar="TURNWIRE_CONFIG", help="YAML configuration file."),
+    ] = None,
     copy_from: Annotated[
         str | None, typer.Option("--from", help="Copy everything from this sqlite:/// store ...")
     ] = None,

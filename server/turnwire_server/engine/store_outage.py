@@ -21,6 +21,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
+from turnwire_server.event_waits import set_within
 from turnwire_server.store.errors import StoreError, StoreRefusal
 
 __all__ = ["until_stored"]
@@ -40,12 +41,14 @@ async def until_stored(
     patience_seconds: float,
     what: str,
     retry_on: type[StoreError] = StoreError,
+    give_up: asyncio.Event | None = None,
 ) -> T:
     """``await write()``, retried while it raises a retryable ``retry_on`` (a
     :class:`StoreError` kind) that is not a :class:`StoreRefusal`, and less than
-    ``patience_seconds`` (seconds, >= 0; 0: one attempt) passed since the first failure.
-    ``what`` names the write in the log. Raises the last error otherwise (and any other error
-    at once)."""
+    ``patience_seconds`` (seconds, >= 0; 0: one attempt) passed since the first failure, and
+    ``give_up`` is not set (it ends the wait between attempts at once: a stop signal during a
+    start that waits for the database). ``what`` names the write in the log. Raises the last
+    error otherwise (and any other error at once)."""
     started: float | None = None
     attempt = 0
     while True:
@@ -58,7 +61,11 @@ async def until_stored(
             if started is None:
                 started = now
                 log.warning("%s failed (%s); retrying for up to %.0f s", what, error, patience_seconds)
-            if now - started >= patience_seconds:
+            if now - started >= patience_seconds or (give_up is not None and give_up.is_set()):
                 raise
-            await asyncio.sleep(_BACKOFF_SECONDS[min(attempt, len(_BACKOFF_SECONDS) - 1)])
+            delay = _BACKOFF_SECONDS[min(attempt, len(_BACKOFF_SECONDS) - 1)]
+            if give_up is None:
+                await asyncio.sleep(delay)
+            elif await set_within(give_up, delay):
+                raise
             attempt += 1

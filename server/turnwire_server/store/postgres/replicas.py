@@ -97,12 +97,14 @@ class Listener:
         self.reachable = True
         """False while the database is known gone: from a failed round trip (here, or a pooled
         connection's, :meth:`suspect`) until the listener has connected and ``LISTEN``\\ ed again."""
+        self._answered = False  # the listener has connected once
 
     def suspect(self) -> None:
         """A pooled connection failed as if the database were gone: count it unreachable now; the
         listener's next round trip (within :data:`PROBE_SECONDS`) sets :attr:`reachable` back
-        when the database still answers."""
-        if self.reachable:
+        when the database still answers. Logged only when the database had answered: a store
+        that never reached it (a start, ``turnwire migrate``) has its caller say so."""
+        if self.reachable and self._answered:
             log.warning(
                 "postgres store: the database stopped answering; refusing work until it answers again"
             )
@@ -174,6 +176,7 @@ class Listener:
                     await conn.execute(f"LISTEN {channel}")
                 failures = 0
                 await self._back()
+                self._answered = True
                 self.connected.set()
                 # Whatever was notified while not listening is missed: wake every waiter to re-check.
                 self.offered.set()
