@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 import pytest
-from support.event_logs import turn_events
+from support.event_logs import RESTARTED_STEP, turn_events
 
 from turnwire_client.v1 import chat_service_pb2, message_pb2
 from turnwire_server.http.ai_sdk_chunks import UIMessageStream
@@ -381,29 +381,10 @@ def test_a_user_message_part_is_a_turnwire_part() -> None:
     )
 
 
-RESTARTED: list[dict[str, Any]] = [
-    {"turn_start": {"message_id": "tw-a-r1", "model": "scripted:x"}},
-    {"step_start": {}},
-    {"reasoning_start": {"id": "s0-r"}},
-    {"reasoning_delta": {"id": "s0-r", "delta": "hm"}},
-    {"text_start": {"id": "s0-t"}},
-    {"text_delta": {"id": "s0-t", "delta": "Partial "}},
-    {"attempt_start": {"attempt": 2, "reason": "PROVIDER_FALLBACK", "model": "scripted:y"}},
-    {"step_start": {}},
-    {"text_start": {"id": "s0-t"}},
-    {"text_delta": {"id": "s0-t", "delta": "Whole."}},
-    {"text_end": {"id": "s0-t"}},
-    {"step_finish": {"finish_reason": "FINISH_REASON_STOP"}},
-    {"turn_end": {"status": "TURN_STATUS_COMPLETED"}},
-]
-"""A step a provider fallback restarts after output (``fallback.after_output: restart``): the
-failed attempt's blocks and step are left open by its events."""
-
-
 def test_a_restarted_attempt_closes_what_the_earlier_one_left_open() -> None:
     """Before, the new attempt's ``start-step`` and ``text-start`` (the same block id) followed an
     open text part, which the page's message kept ``streaming`` for good (developer trial)."""
-    assert chunks_of(RESTARTED) == [
+    assert chunks_of(RESTARTED_STEP) == [
         {"type": "start", "messageId": "tw-a-r1"},
         {"type": "start-step"},
         {"type": "reasoning-start", "id": "s0-r"},

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
-from support.event_logs import SERVER_TOOL_TURN, turn_events
+from support.event_logs import RESTARTED_STEP, SERVER_TOOL_TURN, turn_events
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.http.openai_request import RequestProblem, parse_request, turn_input
@@ -75,19 +75,8 @@ def test_a_restarted_attempt_closes_the_items_the_earlier_one_left_open() -> Non
     attempt's message was left ``in_progress`` in the completed Response, its item never done, and
     the new attempt's block (the same block id) took its place among the open items (developer
     trial)."""
-    restarted: list[dict[str, Any]] = [
-        {"turn_start": {"message_id": "tw-a-r1", "model": "scripted:x"}},
-        {"step_start": {}},
-        {"text_start": {"id": "s0-t"}},
-        {"text_delta": {"id": "s0-t", "delta": "Partial "}},
-        {"attempt_start": {"attempt": 2, "reason": "PROVIDER_FALLBACK", "model": "scripted:y"}},
-        {"step_start": {}},
-        {"text_start": {"id": "s0-t"}},
-        {"text_delta": {"id": "s0-t", "delta": "Whole."}},
-        {"text_end": {"id": "s0-t"}},
-        {"step_finish": {"finish_reason": "FINISH_REASON_STOP"}},
-        {"turn_end": {"status": "TURN_STATUS_COMPLETED"}},
-    ]
+    # Without its reasoning block: the Response's items are then the two attempts' messages.
+    restarted = [event for event in RESTARTED_STEP if not next(iter(event)).startswith("reasoning")]
     events, log = translate(restarted)
     for event in events:
         EVENT.validate_python(event)

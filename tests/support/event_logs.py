@@ -66,3 +66,22 @@ SERVER_TOOL_TURN: list[dict[str, Any]] = [
 ]
 """A two-step turn: reasoning, text, the sidecar's calculator call and result, a keepalive, the
 answer; the log the doors' translators are tested on."""
+
+
+RESTARTED_STEP: list[dict[str, Any]] = [
+    {"turn_start": {"message_id": "tw-a-r1", "model": "scripted:x"}},
+    {"step_start": {}},
+    {"reasoning_start": {"id": "s0-r"}},
+    {"reasoning_delta": {"id": "s0-r", "delta": "hm"}},
+    {"text_start": {"id": "s0-t"}},
+    {"text_delta": {"id": "s0-t", "delta": "Partial "}},
+    {"attempt_start": {"attempt": 2, "reason": "PROVIDER_FALLBACK", "model": "scripted:y"}},
+    {"step_start": {}},
+    {"text_start": {"id": "s0-t"}},
+    {"text_delta": {"id": "s0-t", "delta": "Whole."}},
+    {"text_end": {"id": "s0-t"}},
+    {"step_finish": {"finish_reason": "FINISH_REASON_STOP"}},
+    {"turn_end": {"status": "TURN_STATUS_COMPLETED"}},
+]
+"""A step a provider fallback restarts after output (``fallback.after_output: restart``): the
+failed attempt's blocks and step are left open by its events."""
