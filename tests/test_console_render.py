@@ -533,3 +533,25 @@ def test_a_fallback_names_the_model_that_goes_on_and_shows_its_step_once() -> No
     assert [line for line in lines if line.startswith("· step")] == ["· step 2"]
     assert "(attempt 2 after provider fallback: continuing the reply on openai:gpt-4o)" in lines
     assert renderer.model == "openai:gpt-4o"
+
+
+def test_an_attempt_after_a_takeover_does_not_say_the_server_restarted() -> None:
+    """An operator trial: a turn another replica took over printed "attempt 2 after server
+    restarted", though no server restarted (the reason covers both)."""
+    from turnwire_client.v1 import event_pb2
+    from turnwire_server.cli.live import TurnRenderer
+
+    buffer = io.StringIO()
+    renderer = TurnRenderer(Console(file=buffer, width=200))
+    try:
+        renderer.render(
+            event_pb2.TurnEvent(
+                attempt_start=event_pb2.AttemptStart(attempt=2, reason="SERVER_RESTARTED", appends=True)
+            )
+        )
+    finally:
+        renderer.stop_waiting()
+    assert buffer.getvalue().strip() == (
+        "(attempt 2 after its sidecar stopped (a restart, or another replica took the turn over):"
+        " continuing the reply)"
+    )

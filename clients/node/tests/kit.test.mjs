@@ -293,6 +293,14 @@ test('ListTools answers the definitions', async () => {
     () => defineTool({ name: 'x', description: '', inputSchema: { type: 'string' }, execute() {} }),
     /object schema/,
   );
+  // A timeout the sidecar would ignore (0 or less) is refused, not sent (a developer trial).
+  for (const timeoutMs of [0, -5, Number.NaN]) {
+    assert.throws(
+      () =>
+        defineTool({ name: 'x', description: '', inputSchema: { type: 'object' }, timeoutMs, execute() {} }),
+      /timeoutMs must be milliseconds above 0/,
+    );
+  }
   // A name the sidecar would leave out is refused here, as the Python and Go kits refuse it.
   for (const name of ['look up', 'lookup.stock', 'x'.repeat(65)]) {
     assert.throws(

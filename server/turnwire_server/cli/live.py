@@ -286,9 +286,11 @@ class TurnRenderer:
             if a.model:  # a fallback: the step runs on another model from here on
                 how = f"{how} on {a.model}"
                 self.model = a.model
+            why = _ATTEMPT_REASONS.get(a.reason) or a.reason.lower().replace("_", " ")
             self.line(
                 Text(
-                    f"(attempt {a.attempt} after {a.reason.lower().replace('_', ' ')}: {how})", style="yellow"
+                    f"(attempt {a.attempt} after {why}: {how})",
+                    style="yellow",
                 )
             )
         elif kind == "turn_end":
@@ -361,6 +363,12 @@ def usd(value: float) -> str:
     """``value`` US dollars for reading: ``$0.0026``, ``$3``; to the millionth of a dollar."""
     return "$" + f"{value:.6f}".rstrip("0").rstrip(".")
 
+
+_ATTEMPT_REASONS = {
+    # The reason covers a takeover by another replica too (docs/semantics.md §8).
+    "SERVER_RESTARTED": "its sidecar stopped (a restart, or another replica took the turn over)",
+}
+"""How a status line says an ``AttemptStart.reason`` whose words alone would mislead."""
 
 _CANCELLED_ELSEWHERE = "(cancelled elsewhere: `turnwire cancel` or another client)"
 """Why a turn this client did not cancel ended ABORTED without an error."""

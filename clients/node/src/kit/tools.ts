@@ -80,8 +80,8 @@ const TOOL_NAME = /^[A-Za-z0-9_-]{1,64}$/;
 
 /**
  * Checks and returns `definition` (typed: `execute` gets `I`). Throws `TypeError` when the name is
- * not 1-64 of `A-Z a-z 0-9 _ -` (the sidecar would leave such a tool out) or `inputSchema` is not an
- * object schema (`{type: 'object', …}`, what the model needs).
+ * not 1-64 of `A-Z a-z 0-9 _ -` (the sidecar would leave such a tool out), `inputSchema` is not an
+ * object schema (`{type: 'object', …}`, what the model needs) or `timeoutMs` is not above 0.
  */
 export function defineTool<I = KitJsonObject, O = KitJson, P = KitJson>(
   definition: ToolDefinition<I, O, P>,
@@ -95,6 +95,13 @@ export function defineTool<I = KitJsonObject, O = KitJson, P = KitJson>(
   if (definition.inputSchema?.type !== 'object') {
     throw new TypeError(
       `defineTool(): ${definition.name}'s inputSchema must be an object schema ({type: 'object', …})`,
+    );
+  }
+  const timeout = definition.timeoutMs;
+  if (timeout !== undefined && !(Number.isFinite(timeout) && timeout > 0)) {
+    // The sidecar ignores a timeout of 0 or less: the call would run under its own default.
+    throw new TypeError(
+      `defineTool(): ${definition.name}'s timeoutMs must be milliseconds above 0; leave it out for the sidecar's tool timeout`,
     );
   }
   return Object.freeze({ ...definition });
