@@ -207,7 +207,10 @@ test('integers beyond 2^53 reach a hook and leave it exact', async () => {
   assert.equal(dry.decision.value.outputJson, `{"dry_run":true,"n":${BIG}}`);
 });
 
-test("a hook's thrown error fails the call: UNKNOWN, or the error's gRPC code", async () => {
+test("a hook's thrown error fails the call: UNKNOWN, or the error's gRPC code", async (t) => {
+  // The unexpected error is written to stderr with its stack (as the Python kit logs it); the
+  // deliberate refusal (a gRPC code) is not (an operator trial: the hook server showed nothing).
+  const logged = t.mock.method(console, 'error', () => {});
   const failed = unary(hooksClient, 'BeforeToolCall', { turn, call: { toolName: 'fail', inputJson: '{}' } });
   await assert.rejects(failed, { code: grpc.status.UNKNOWN, details: 'policy store unreachable' });
   const denied = unary(hooksClient, 'BeforeToolCall', {
@@ -215,6 +218,10 @@ test("a hook's thrown error fails the call: UNKNOWN, or the error's gRPC code", 
     call: { toolName: 'denied', inputJson: '{}' },
   });
   await assert.rejects(denied, { code: grpc.status.PERMISSION_DENIED });
+  assert.equal(logged.mock.callCount(), 1);
+  const [prefix, error] = logged.mock.calls[0].arguments;
+  assert.equal(prefix, 'turnwire kit: hook beforeToolCall failed:');
+  assert.equal(error.message, 'policy store unreachable');
   // A hook without a handler is not served (and never subscribed).
   await assert.rejects(unary(hooksClient, 'BeforeStep', { turn }), { code: grpc.status.UNIMPLEMENTED });
 });

@@ -73,6 +73,20 @@ export function statusOf(error: unknown): FailedStatus {
   return { code: known ? (code as grpc.status) : grpc.status.UNKNOWN, details };
 }
 
+/**
+ * statusOf for a hook handler's thrown `error`, written to stderr (its stack) unless it carries
+ * a gRPC code (a deliberate refusal), as the Python kit logs a failed hook: the sidecar sees only
+ * the message, so without this the hook server's operator would see nothing of the failure.
+ */
+export function hookFailure(hook: string, error: unknown): FailedStatus {
+  const status = statusOf(error);
+  const code = (error as { code?: unknown } | null)?.code;
+  if (status.code === grpc.status.UNKNOWN && code === undefined) {
+    console.error(`turnwire kit: hook ${hook} failed:`, error);
+  }
+  return status;
+}
+
 /** What callSignal needs of a grpc-js server call (every kind has it). */
 interface CancellableCall {
   on(event: 'cancelled', listener: () => void): unknown;

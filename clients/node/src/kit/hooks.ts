@@ -36,7 +36,7 @@ import {
   type TurnInfo,
   TurnInfoSchema,
 } from '../gen/turnwire/v1/hooks_pb.js';
-import { callSignal, parentRequestIdOf, statusOf, TURN_HOOKS_SERVICE } from './grpc.js';
+import { callSignal, hookFailure, parentRequestIdOf, TURN_HOOKS_SERVICE } from './grpc.js';
 import { type KitJson, type KitJsonObject, parseKitJson, stringifyKitJson } from './json.js';
 
 type MaybePromise<T> = T | Promise<T>;
@@ -250,16 +250,17 @@ function withInput(context: HookContext, inputJson = ''): BeforeToolCallContext 
 
 function unary(handlers: HookHandlers, name: UnaryName) {
   return (call: grpc.ServerUnaryCall<unknown, unknown>, callback: grpc.sendUnaryData<unknown>) =>
-    answer(call, callback, (context) => run(handlers, name, call.request, context));
+    answer(name, call, callback, (context) => run(handlers, name, call.request, context));
 }
 
 function chunks(handler: NonNullable<HookHandlers['onChunks']>) {
   return (call: grpc.ServerReadableStream<OnChunksRequest, unknown>, callback: grpc.sendUnaryData<unknown>) =>
-    answer(call, callback, async (context) => (await handler(call, context), {}));
+    answer('onChunks', call, callback, async (context) => (await handler(call, context), {}));
 }
 
 /** Answers a call that has one response with what `work` resolves to, or its error's status. */
 function answer(
+  hook: string,
   call: grpc.ServerUnaryCall<unknown, unknown> | grpc.ServerReadableStream<unknown, unknown>,
   callback: grpc.sendUnaryData<unknown>,
   work: (context: HookContext) => Promise<object>,
@@ -280,7 +281,7 @@ function answer(
       },
       (error: unknown) => {
         done();
-        callback(statusOf(error));
+        callback(hookFailure(hook, error));
       },
     );
 }
@@ -321,7 +322,7 @@ function session(
       const value = await run(handlers, name, call.hook.value, context);
       return { id: call.id, hook: { case: name, value } } as HookAnswer;
     } catch (error) {
-      const { code, details } = statusOf(error);
+      const { code, details } = hookFailure(name, error);
       return { id: call.id, error: { code, message: details } } as HookAnswer;
     }
   }
