@@ -38,6 +38,13 @@ def _expire_events(before_us: int, limit: int, dialect: Dialect) -> Program[int]
     return len(streams)
 
 
+def _delete_budget_rows(keys: list[tuple[object, ...]]) -> Statement:
+    """The deletion of the budget rows ``keys`` (``scope, scope_key, period``) a sweep claimed."""
+    return Statement(
+        "DELETE FROM budget_spend WHERE scope = ? AND scope_key = ? AND period = ?", keys, many=True
+    )
+
+
 _ENDED_PERIODS: Final = (
     # Key lengths tell the periods apart: a UTC day (2026-12-02) or month (2026-12); '' never ends.
     # The first two terms are the partial index's (migration 0016): the scan reads only periods
@@ -69,11 +76,7 @@ def _expire_budget_periods(day: str, month: str, limit: int, dialect: Dialect) -
         Statement(_ENDED_PERIODS + dialect.claim_rows, (max(day, month), day, month, limit), fetch=True)
     ]
     keys = [tuple(row) for row in found[0]]
-    yield [
-        Statement(
-            "DELETE FROM budget_spend WHERE scope = ? AND scope_key = ? AND period = ?", keys, many=True
-        )
-    ]
+    yield [_delete_budget_rows(keys)]
     return len(keys)
 
 
@@ -103,9 +106,5 @@ def expire_turn_budgets(limit: int) -> Callable[[Dialect], Program[int]]:
 def _expire_turn_budgets(limit: int, dialect: Dialect) -> Program[int]:
     found = yield [Statement(_ENDED_TURN_BUDGETS + dialect.claim_rows, (limit,), fetch=True)]
     keys = [tuple(row) for row in found[0]]
-    yield [
-        Statement(
-            "DELETE FROM budget_spend WHERE scope = ? AND scope_key = ? AND period = ?", keys, many=True
-        )
-    ]
+    yield [_delete_budget_rows(keys)]
     return len(keys)
