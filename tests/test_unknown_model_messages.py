@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from turnwire_server.assembly import StartupError, build_providers, check_providers
+from turnwire_server.app import check_startable
+from turnwire_server.assembly import StartupError, build_providers
 from turnwire_server.config import Settings
 from turnwire_server.providers.registry import UnknownModel
 
@@ -29,7 +30,7 @@ def _openai_key(monkeypatch: pytest.MonkeyPatch) -> None:
 
 async def _start_error(**config: Any) -> str:
     with pytest.raises(StartupError) as refused:
-        await check_providers(Settings(**config))
+        await check_startable(Settings(**config))
     return str(refused.value)
 
 
@@ -58,8 +59,8 @@ async def test_a_default_model_set_to_scripted_is_named_as_set() -> None:
 
 
 async def test_either_fix_the_message_offers_starts() -> None:
-    await check_providers(Settings(providers={"o": OPENAI, "scripted": {}}))
-    await check_providers(Settings(providers={"o": OPENAI}, default_model="o:gpt-4.1"))
+    await check_startable(Settings(providers={"o": OPENAI, "scripted": {}}))
+    await check_startable(Settings(providers={"o": OPENAI}, default_model="o:gpt-4.1"))
 
 
 async def test_a_vendor_model_on_the_embedded_defaults_is_told_to_keep_scripted() -> None:
@@ -101,7 +102,7 @@ async def test_a_price_for_a_model_no_provider_serves_is_refused_at_start() -> N
     assert message.endswith("; it would price nothing")
     message = await _start_error(pricing={"models": {"scripted:dmeo": rates}})
     assert "provider 'scripted' has no model 'dmeo'; its scripts: demo, summarizer" in message
-    await check_providers(Settings(pricing={"models": {"scripted:demo": rates}}))
+    await check_startable(Settings(pricing={"models": {"scripted:demo": rates}}))
 
 
 async def test_provider_ids_of_no_provider_entry_are_refused_at_start() -> None:
@@ -110,7 +111,7 @@ async def test_provider_ids_of_no_provider_entry_are_refused_at_start() -> None:
         "pricing.provider_ids['openrouter']: no provider entry is named 'openrouter' (configured: "
         "['scripted']); key provider_ids by the entry's name under providers:"
     )
-    await check_providers(
+    await check_startable(
         Settings(providers={"o": OPENAI, "scripted": {}}, pricing={"provider_ids": {"o": None}})
     )
 

@@ -40,19 +40,16 @@ from turnwire_server.api.standard_services import LIVENESS, add_standard_service
 from turnwire_server.api.status import status_of
 from turnwire_server.api.tls import ServerTls
 from turnwire_server.assembly import (
+    Preflight,
     StartupError,
-    build_access,
-    build_providers,
     check_listen,
-    check_models,
-    check_providers,
     configure_session,
     engine_settings,
     load_middlewares,
     open_configured_store,
-    open_tls,
     open_tools,
     open_tracing,
+    preflight,
     warn_of_demo_tools,
     warn_of_sections_left_off,
 )
@@ -83,11 +80,11 @@ from turnwire_server.http.server import HttpListener, HttpListenError, start_htt
 from turnwire_server.metrics_endpoint import MetricsEndpoint, start_metrics_endpoint
 from turnwire_server.providers.registry import ProviderRegistry
 from turnwire_server.remote_hooks import RemoteMiddleware
-from turnwire_server.store import Store, open_store, store_label
+from turnwire_server.store import Store, store_label
 from turnwire_server.store_health import StoreHealth
 from turnwire_server.subagent_loading import SubagentConfigError, build_subagents
 from turnwire_server.tools.tool_set import ToolSet
-from turnwire_server.webhooks import MissingSecret, Signers, WebhookOutbox
+from turnwire_server.webhooks import WebhookOutbox
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -295,23 +292,21 @@ async def start(
     ``stop_requested`` set while the start waits for the store's database ends the wait:
     :class:`~turnwire_server.assembly.StartupStopped`.
     """
-    tls = open_tls(settings)
     CACHES.resize(settings.memory.cache_bytes)
     # Before the port: a configuration error (a missing API key, an unknown model) is what to
     # fix, even while another process (a draining sidecar) still holds the port.
-    providers = build_providers(settings)
-    check_models(providers, settings)
-    access = build_access(settings)
-    if not worker:  # else the supervisor checked it, and holds it
-        # Before the metrics port: a second `serve` on the same configuration reports the gRPC
-        # port it cannot have, not the metrics one (the supervisor checks in the same order).
-        check_listen(settings.listen)
-    endpoint = None if worker else _metrics_endpoint(settings)
+    checked = await preflight(settings)
+    endpoint = None
     try:
+        if not worker:  # else the supervisor checked it, and holds it
+            # Before the metrics port: a second `serve` on the same configuration reports the gRPC
+            # port it cannot have, not the metrics one (the supervisor checks in the same order).
+            check_listen(settings.listen)
+            endpoint = _metrics_endpoint(settings)
         tools = await open_tools(settings)
         try:
             sidecar = await _start(
-                settings, providers, access, tools, tls, shared_port=worker, stop_requested=stop_requested
+                settings, checked, tools, shared_port=worker, stop_requested=stop_requested
             )
         except BaseException:
             await tools.aclose()
@@ -319,29 +314,18 @@ async def start(
     except BaseException:
         if endpoint is not None:
             endpoint.close()
+        await checked.providers.aclose()
         raise
     sidecar.metrics_endpoint = endpoint
     return sidecar
 
 
 async def check_startable(settings: Settings) -> None:
-    """What :func:`start` checks before it opens anything (no port, store, tool or import of
-    the operator's code), for ``turnwire config show`` to refuse what ``serve`` would: the
-    providers and models, the ``tls:`` files, the ``auth:`` tokens and key set, the webhook
-    signing secrets, the store URL and its password variable. Raises :class:`StartupError` with
-    ``serve``'s message."""
-    await check_providers(settings)
-    open_tls(settings)
-    build_access(settings)
-    try:
-        Signers(settings.webhooks)
-    except MissingSecret as error:
-        raise StartupError(str(error)) from None
-    store = settings.store
-    try:
-        open_store(store.url, pool_size=store.pool_size, password_env=store.password_env)  # not opened
-    except ValueError as error:
-        raise StartupError(f"store.url: {error}") from error
+    """What :func:`start` checks before it opens anything (:func:`~turnwire_server.assembly.
+    preflight`), for ``turnwire config show`` to refuse what ``serve`` would. Raises
+    :class:`StartupError` with ``serve``'s message."""
+    checked = await preflight(settings)
+    await checked.providers.aclose()
 
 
 def _metrics_endpoint(settings: Settings) -> MetricsEndpoint | None:
@@ -359,10 +343,8 @@ def _metrics_endpoint(settings: Settings) -> MetricsEndpoint | None:
 
 async def _start(
     settings: Settings,
-    providers: ProviderRegistry,
-    access: AccessInterceptor | None,
+    checked: Preflight,
     tools: ToolSet,
-    tls: ServerTls | None,
     *,
     shared_port: bool,
     stop_requested: asyncio.Event | None = None,
@@ -371,6 +353,7 @@ async def _start(
     else checkable without the store, then the store, the engine with its recoveries, the gRPC
     server, and the background loops; each step is one function below. The store is closed
     again when a step after it fails."""
+    providers, access, tls, signers = checked.providers, checked.access, checked.tls, checked.signers
     chain = MiddlewareChain(load_middlewares(settings.middleware))
     session = await configure_session(settings, chain, providers, tools)
     try:
@@ -378,10 +361,6 @@ async def _start(
         subagents = await build_subagents(settings, providers, tools, load_middlewares, detached_results)
     except SubagentConfigError as error:
         raise StartupError(str(error)) from error
-    try:
-        signers = Signers(settings.webhooks)  # before the store: a missing secret stops the start
-    except MissingSecret as error:
-        raise StartupError(str(error)) from None
     replica_id = new_replica_id()
     store = await open_configured_store(
         settings.store,

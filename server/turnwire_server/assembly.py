@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from turnwire.hooks import Middleware, SessionConfig, SessionContext
@@ -36,18 +37,19 @@ from turnwire_server.tools.demo import DEMO_TOOLS
 from turnwire_server.tools.grpc_host import RemoteToolHost, ToolHostError
 from turnwire_server.tools.loading import ToolLoadError, load_tools
 from turnwire_server.tools.tool_set import ToolSet
+from turnwire_server.webhooks import MissingSecret, Signers
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
 
 __all__ = [
+    "Preflight",
     "StartupError",
     "StartupStopped",
     "build_access",
     "build_providers",
     "check_listen",
     "check_models",
-    "check_providers",
     "configure_session",
     "engine_settings",
     "load_middlewares",
@@ -56,6 +58,7 @@ __all__ = [
     "open_tls",
     "open_tools",
     "open_tracing",
+    "preflight",
     "warn_of_demo_tools",
     "warn_of_sections_left_off",
 ]
@@ -281,15 +284,43 @@ def warn_of_demo_tools(settings: Settings) -> None:
     )
 
 
-async def check_providers(settings: Settings) -> None:
-    """The provider checks ``serve`` makes first (every provider can be built, ``default_model``
-    is one they serve), for ``config show`` to refuse what ``serve`` would. Raises
-    :class:`StartupError` with ``serve``'s message."""
+@dataclass(frozen=True)
+class Preflight:
+    """What ``serve`` builds from the configuration before it opens anything (no port, store,
+    tool or import of the operator's code): ``tls`` (the ``tls:`` files read), ``providers``
+    (every provider built, their models checked: :func:`check_models`), ``access`` (the
+    ``auth:`` tokens and key set, ``rate_limits:``), ``signers`` (the webhook signing secrets)."""
+
+    tls: ServerTls | None
+    providers: ProviderRegistry
+    access: AccessInterceptor | None
+    signers: Signers
+
+
+async def preflight(settings: Settings) -> Preflight:
+    """Every check ``serve`` makes before it opens anything, in its order, so a bad
+    configuration touches no file and ``config show`` refuses what ``serve`` would: the ``tls:``
+    files, the providers and models, the ``auth:`` and ``rate_limits:`` sections, the webhook
+    signing secrets, the store URL and its password variable (parsed, not opened). Raises
+    :class:`StartupError` with a message that says what to fix (the providers closed again)."""
+    tls = open_tls(settings)
     providers = build_providers(settings)
     try:
         check_models(providers, settings)
-    finally:
+        access = build_access(settings)
+        try:
+            signers = Signers(settings.webhooks)
+        except MissingSecret as error:
+            raise StartupError(str(error)) from None
+        store = settings.store
+        try:
+            open_store(store.url, pool_size=store.pool_size, password_env=store.password_env)  # not opened
+        except ValueError as error:
+            raise StartupError(f"store.url: {error}") from error
+    except BaseException:
         await providers.aclose()
+        raise
+    return Preflight(tls, providers, access, signers)
 
 
 def check_models(providers: ProviderRegistry, settings: Settings) -> None:
