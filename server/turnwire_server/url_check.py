@@ -5,6 +5,7 @@ internal error of every turn (``OverflowError: port must be 0-65535`` from the s
 from __future__ import annotations
 
 import ipaddress
+import socket
 from urllib.parse import urlsplit
 
 
@@ -27,11 +28,16 @@ def check_http_url(value: str, example: str) -> str:
 
 def numeric_host_problem(host: str) -> str | None:
     """What is wrong with ``host`` when it is written as a number but not as a dotted-quad IPv4
-    address (``2130706433``, ``127.1``, ``010.0.0.1``), else None. aiohttp refuses these legacy
-    forms (the resolver would map them onto an address no check saw), so a webhook URL with one
-    can never be called: it is refused where it is given (docs/webhooks.md)."""
-    if not host or not host.replace(".", "").isdigit():
+    address (every form ``inet_aton(3)`` reads: ``2130706433``, ``127.1``, ``010.0.0.1``,
+    ``0x7f000001``, ``0x7f.1``), else None. The system resolver maps these legacy forms onto an
+    address no check of the written host saw, and aiohttp refuses the decimal ones, so a webhook
+    URL with one is refused where it is given (docs/webhooks.md), not at its first delivery."""
+    if not host or not host.isascii():
         return None
+    try:
+        socket.inet_aton(host)
+    except OSError:
+        return None  # a name
     try:
         ipaddress.IPv4Address(host)
     except ValueError:

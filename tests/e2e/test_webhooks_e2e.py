@@ -140,6 +140,7 @@ async def test_calls_are_signed_on_every_end_and_non_public_targets_are_refused(
                 ({"url": "http://10.1.2.3/hook"}, "webhook.url"),
                 ({"url": "http://[::1]:8080/hook"}, "webhook.url"),
                 ({"url": "http://2130706433/hook"}, "webhook.url"),  # never callable: no dotted quad
+                ({"url": "http://0x7f000001/hook"}, "webhook.url"),  # the resolver's hex form
                 ("nope", "webhook.endpoint"),
             ):
                 with pytest.raises(TurnwireError) as refused:
