@@ -148,8 +148,27 @@ def configure_logging(
     return handler
 
 
+def report_exit(settings: Any, message: str, *, level: int = logging.CRITICAL) -> None:
+    """Say why the process ends before it served (``message``: ``cannot start: …``, or a stop
+    signal during the start) where its log goes: under ``logging.format: json`` a log record of
+    ``level`` from ``turnwire.server`` (one JSON object, as every other line, so a pipeline that
+    parses JSON lines keeps it), else the line ``turnwire: <message>`` on stderr, as printed
+    before logging is set up (docs/operate/logs.md)."""
+    if settings.logging.format == "json":
+        logging.getLogger("turnwire.server").log(level, "%s", message)
+        return
+    print(f"turnwire: {message}", file=sys.stderr, flush=True)
+
+
 #: Loggers held at ``warning`` whatever ``logging.level`` says (docs/operate/logs.md).
 QUIET_LIBRARY_LOGGERS = ("httpx2", "httpcore2", "httpx", "httpcore")
 
 
-__all__ = ["QUIET_LIBRARY_LOGGERS", "TEXT_FORMAT", "LogFormat", "configure_logging", "formatter_for"]
+__all__ = [
+    "QUIET_LIBRARY_LOGGERS",
+    "TEXT_FORMAT",
+    "LogFormat",
+    "configure_logging",
+    "formatter_for",
+    "report_exit",
+]

@@ -22,7 +22,7 @@ from turnwire_server.app import Sidecar, serve
 from turnwire_server.assembly import StartupError, StartupStopped
 from turnwire_server.config import Settings
 from turnwire_server.event_loop import EventLoopUnavailable, run
-from turnwire_server.logs import configure_process_logging
+from turnwire_server.logs import configure_process_logging, report_exit
 
 log = logging.getLogger("turnwire.supervisor")
 
@@ -52,10 +52,10 @@ def main(argv: list[str]) -> int:
     try:
         run(serve(settings, worker=True, on_ready=on_ready), settings.event_loop)
     except StartupStopped as stopped:
-        print(f"turnwire: worker {number}: {stopped}", file=sys.stderr, flush=True)
+        report_exit(settings, f"worker {number}: {stopped}", level=logging.INFO)
         return 0
     except (StartupError, EventLoopUnavailable) as error:
-        print(f"turnwire: worker {number} cannot start: {error}", file=sys.stderr, flush=True)
+        report_exit(settings, f"worker {number} cannot start: {error}")
         return 1
     return 0
 

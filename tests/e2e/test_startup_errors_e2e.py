@@ -7,6 +7,7 @@ the field and the fix, every start-up check runs before the store is created.
 
 from __future__ import annotations
 
+import json
 import socket
 from pathlib import Path
 
@@ -157,3 +158,15 @@ async def test_a_second_serve_on_the_same_config_names_the_grpc_port(tmp_path: P
     assert code == 1
     assert f"cannot listen on 127.0.0.1:{port}: port {port} is in use" in stderr, stderr
     assert "metrics.listen" not in stderr
+
+
+async def test_under_json_logging_the_start_error_is_a_json_log_line(tmp_path: Path) -> None:
+    """Stop 67: with ``logging.format: json`` every line but the start error was JSON, so a log
+    pipeline parsing JSON lines dropped the one line that said why the process exited."""
+    config = {"logging": {"format": "json"}, "default_model": "openai:gpt-4o"}
+    _, stderr = await _serve(tmp_path, config)
+    lines = [json.loads(line) for line in stderr.splitlines() if line.strip()]  # each one JSON
+    (error,) = [line for line in lines if line["level"] == "CRITICAL"]
+    assert error["logger"] == "turnwire.server"
+    assert error["message"].startswith("cannot start: default_model")
+    assert "names provider 'openai', which is not configured" in error["message"]

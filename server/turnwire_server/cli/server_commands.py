@@ -57,7 +57,7 @@ def serve(
     With --workers N each worker gets the signal and stops so; exit 1 if one cannot start or keeps dying.
     """
     settings = _load(config, listen, store, workers)
-    from turnwire_server.logs import configure_process_logging
+    from turnwire_server.logs import configure_process_logging, report_exit
 
     configure_process_logging(settings)
     if settings.log_level is not None:
@@ -76,10 +76,10 @@ def serve(
     try:
         run(run_server(settings), settings.event_loop)
     except StartupStopped as stopped:
-        typer.echo(f"turnwire: {stopped}", err=True)
+        report_exit(settings, str(stopped), level=logging.INFO)
         return
     except (StartupError, EventLoopUnavailable) as error:
-        typer.echo(f"turnwire: cannot start: {error}", err=True)
+        report_exit(settings, f"cannot start: {error}")
         raise typer.Exit(1) from None
 
 
@@ -96,12 +96,13 @@ def _unknown_variables(settings: Any) -> list[str]:
 
 def _supervise(settings: Any) -> None:
     """``serve --workers N`` (N > 1): the supervisor (:mod:`turnwire_server.supervisor`)."""
+    from turnwire_server.logs import report_exit
     from turnwire_server.supervisor import SupervisorError, supervise
 
     try:
         code = asyncio.run(supervise(settings))
     except SupervisorError as error:
-        typer.echo(f"turnwire: cannot start: {error}", err=True)
+        report_exit(settings, f"cannot start: {error}")
         raise typer.Exit(1) from None
     raise typer.Exit(code)
 
