@@ -367,3 +367,55 @@ def test_a_call_an_earlier_attempt_dropped_opens_again_when_the_new_one_makes_it
         ("TOOL_CALL_END", "c1"),
     ]
     assert events[-1]["outcome"] == {"type": "success", "pendingToolCallIds": ["c1"]}
+
+
+def test_after_a_provider_fallback_usage_has_an_entry_per_model_adding_up_to_the_turn_s() -> None:
+    """Stop 66's noticed list: ``RUN_FINISHED.usage`` named the turn's first model for the whole
+    turn's usage after a fallback had moved its steps to another provider's model."""
+    events = translate(
+        [
+            {"turn_start": {"message_id": "tw-a-r1", "model": "anthropic:claude"}},
+            {"step_start": {}},
+            {"step_finish": {"finish_reason": "FINISH_REASON_TOOL_CALLS", "usage": {"input_tokens": 10}}},
+            {"attempt_start": {"attempt": 2, "reason": "PROVIDER_FALLBACK", "model": "openai:gpt-4.1"}},
+            {"step_start": {}},
+            {
+                "step_finish": {
+                    "finish_reason": "FINISH_REASON_STOP",
+                    "usage": {"input_tokens": 7, "output_tokens": 3},
+                }
+            },
+            {
+                "turn_end": {
+                    "status": "TURN_STATUS_COMPLETED",
+                    "usage": {"input_tokens": 20, "output_tokens": 3, "total_tokens": 23},
+                }
+            },
+        ]
+    )
+    usage = events[-1]["usage"]
+    assert [(u["provider"], u["model"]) for u in usage] == [
+        ("anthropic", "anthropic:claude"),
+        ("openai", "openai:gpt-4.1"),
+    ]
+    assert [u["inputTokens"] for u in usage] == [10, 10]  # a compaction's 3 on the last model
+    assert [u["outputTokens"] for u in usage] == [0, 3]
+    assert sum(u["totalTokens"] for u in usage) == 23
+
+
+def test_without_a_fallback_usage_is_the_turn_s_under_its_model() -> None:
+    events = translate(
+        [
+            {"turn_start": {"message_id": "tw-a-r1", "model": "scripted:x"}},
+            {"step_start": {}},
+            {"step_finish": {"finish_reason": "FINISH_REASON_STOP", "usage": {"input_tokens": 4}}},
+            {
+                "turn_end": {
+                    "status": "TURN_STATUS_COMPLETED",
+                    "usage": {"input_tokens": 9, "output_tokens": 1},
+                }
+            },
+        ]
+    )
+    (usage,) = events[-1]["usage"]
+    assert (usage["model"], usage["inputTokens"], usage["totalTokens"]) == ("scripted:x", 9, 10)

@@ -36,29 +36,63 @@ before a run finishes; AG-UI cannot take back what was shown, so the new attempt
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
-from turnwire_client.v1 import event_pb2
+from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.engine.ids import assistant_message_id
 from turnwire_server.http.openai_errors import turn_error
 
 _ERRORED = frozenset({event_pb2.TURN_STATUS_ERROR, event_pb2.TURN_STATUS_INTERRUPTED})
 
 
-def usage_of(usage: Any, model: str) -> dict[str, Any]:
+_TOKEN_FIELDS: Final = (
+    ("inputTokens", "input_tokens"),
+    ("outputTokens", "output_tokens"),
+    ("totalTokens", "total_tokens"),
+    ("reasoningTokens", "reasoning_tokens"),
+    ("cachedInputTokens", "cached_input_tokens"),
+    ("cacheWriteInputTokens", "cache_write_input_tokens"),
+)
+
+
+def usage_of(usage: message_pb2.Usage, model: str) -> dict[str, Any]:
     """AG-UI's ``TokenUsage`` (``RUN_FINISHED.usage[i]``) of a ``turnwire.v1.Usage`` (tokens) for
     ``model`` (``provider:model``; ``provider`` is the part before the colon)."""
     provider, _, _ = model.partition(":")
-    return {
-        "provider": provider,
-        "model": model,
-        "inputTokens": usage.input_tokens,
-        "outputTokens": usage.output_tokens,
-        "totalTokens": usage.total_tokens or usage.input_tokens + usage.output_tokens,
-        "reasoningTokens": usage.reasoning_tokens,
-        "cachedInputTokens": usage.cached_input_tokens,
-        "cacheWriteInputTokens": usage.cache_write_input_tokens,
-    }
+    shown: dict[str, Any] = {"provider": provider, "model": model}
+    shown.update((name, getattr(usage, field)) for name, field in _TOKEN_FIELDS)
+    shown["totalTokens"] = _total(usage)
+    return shown
+
+
+def usages_of(
+    turn: message_pb2.Usage, steps: dict[str, message_pb2.Usage], model: str
+) -> list[dict[str, Any]]:
+    """``RUN_FINISHED.usage``: one ``TokenUsage`` per model the turn's steps ran on (``steps``:
+    model id → its steps' usage summed, in the order they first ran) when a provider fallback
+    moved a step to another model (docs/providers.md, "Fallback across providers"), else the
+    turn's usage ``turn`` for ``model``. What the turn counted beyond its steps (a compaction's
+    summary) goes to ``model``, the model it ran on last, so the entries add up to the turn's."""
+    if len(steps) < 2:
+        return [usage_of(turn, model)]
+    shown = {name: usage_of(usage, name) for name, usage in steps.items()}
+    last = shown.setdefault(model, usage_of(message_pb2.Usage(), model))
+    whole = usage_of(turn, model)
+    for name, _ in _TOKEN_FIELDS:
+        last[name] += max(0, whole[name] - sum(entry[name] for entry in shown.values()))
+    return list(shown.values())
+
+
+def add_usage(total: message_pb2.Usage, usage: message_pb2.Usage) -> None:
+    """Add ``usage`` to ``total`` in place, field by field (``total_tokens`` as :func:`usage_of`
+    reads it: input plus output where the provider gave no total)."""
+    for _, field in _TOKEN_FIELDS:
+        added = _total(usage) if field == "total_tokens" else getattr(usage, field)
+        setattr(total, field, getattr(total, field) + added)
+
+
+def _total(usage: message_pb2.Usage) -> int:
+    return int(usage.total_tokens or usage.input_tokens + usage.output_tokens)
 
 
 def error_code(status: Any) -> str:
@@ -86,7 +120,8 @@ class RunLog:
         self._answered: set[str] = set()
         self._dropped: set[str] = set()  # calls an earlier attempt began and never finished
         self._step: str | None = None
-        self._model = ""
+        self._model = ""  # the model the current step runs on: TurnStart's, then a fallback's
+        self._step_usage: dict[str, message_pb2.Usage] = {}  # model → its steps' usage, summed
 
     # -- pieces -----------------------------------------------------------------------------------
 
@@ -191,9 +226,11 @@ class RunLog:
             out.append({"type": "STEP_STARTED", "stepName": self._step})
         elif kind == "step_finish":
             self._close_step(out)
+            add_usage(self._step_usage.setdefault(self._model, message_pb2.Usage()), event.step_finish.usage)
         elif kind == "attempt_start":
             self._close_open(out, dropped=self._dropped)
             self._close_step(out)
+            self._model = event.attempt_start.model or self._model
         elif kind in ("text_start", "reasoning_start"):
             block = getattr(event, kind)
             self._block_start(f"{kind[0]}:{block.id}", kind.partition("_")[0], out)
@@ -241,7 +278,7 @@ class RunLog:
         self._close_open(out)
         self._close_step(out)
         self.ended = True
-        usage = [usage_of(end.usage, self._model)]
+        usage = usages_of(end.usage, self._step_usage, self._model)
         code = error_code(end.error) if end.HasField("error") else "server_error"
         failed = end.status in _ERRORED or (
             end.HasField("error")
@@ -267,4 +304,4 @@ class RunLog:
         )
 
 
-__all__ = ["RunLog", "error_code", "usage_of"]
+__all__ = ["RunLog", "add_usage", "error_code", "usage_of", "usages_of"]
