@@ -531,8 +531,9 @@ async def _announce(sidecar: Sidecar) -> None:
         running_loop_name(),
     )
     log.info(
-        "tools: %s; middleware: %s",
+        "tools: %s; sub-agents: %s; middleware: %s",
         ", ".join(sidecar.tools) or "none",
+        ", ".join(f"{a.name} (detached)" if a.detached else a.name for a in settings.subagents) or "none",
         ", ".join(m.name for m in sidecar.engine.chain.middlewares) or "none",
     )
 

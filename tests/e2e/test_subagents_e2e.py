@@ -363,3 +363,12 @@ async def test_calls_nest_at_most_max_subagent_depth(sidecar: SidecarProcess) ->
         "(limits.max_subagent_depth) is 2"
     ]
     assert result.text == "Unwound."
+
+
+def test_the_start_up_line_names_the_sub_agents(sidecar: SidecarProcess) -> None:
+    """Stop 66's operator trial: the start-up lines named the tools and middleware but not the
+    configured sub-agents, which the model is offered as tools too."""
+    (line,) = [
+        line for line in sidecar.log_text().splitlines() if "tools: " in line and "middleware: " in line
+    ]
+    assert "sub-agents: researcher, checker, breaker, slowpoke, recursive;" in line, line
