@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -361,3 +363,26 @@ async def test_call_info_gives_the_parent_request_id_and_trace_context() -> None
         await served.stop(0)
     with pytest.raises(LookupError):
         call_info()
+
+
+def test_a_hook_can_render_the_error_details_it_is_given() -> None:
+    # A fresh interpreter that imports only the kit and the hook messages, as a hook server does:
+    # rendering a failed turn's status (its ErrorInfo packed in an Any) raised TypeError "Can not
+    # find message descriptor by type_url", so a hook that logged its request failed its call.
+    program = """
+from google.protobuf import any_pb2, json_format
+from turnwire.kit import HookServer
+from turnwire_client.v1 import hooks_pb2
+
+info = bytes([0x0A, 5]) + b"OOPS!"  # google.rpc.ErrorInfo{reason: "OOPS!"}, as the sidecar sends it
+detail = any_pb2.Any(type_url="type.googleapis.com/google.rpc.ErrorInfo", value=info)
+request = hooks_pb2.OnChatErrorRequest()
+request.failure.error.code = 3
+request.failure.error.details.append(detail)
+print(json_format.MessageToJson(request, indent=None))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", program], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert '"reason": "OOPS!"' in done.stdout
