@@ -223,3 +223,29 @@ def test_a_results_cost_and_error_reason() -> None:
     result = collect_sync([start, failed])
     assert result.cost_usd is None  # unknown, not $0
     assert result.error_reason == "BUDGET_EXHAUSTED"
+
+
+def test_an_error_states_a_violation_its_message_already_holds_once() -> None:
+    # The sidecar's own UNKNOWN_MODEL and taken-request-id statuses: the message holds the field and
+    # the description in its own words; the string repeated the whole description after it.
+    said = "model 'nope:x' names provider 'nope', which is not configured; configured: ['scripted']"
+    error = TurnwireError(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        said,
+        reason="UNKNOWN_MODEL",
+        field_violations=[("model", said)],
+    )
+    assert str(error) == f"INVALID_ARGUMENT [UNKNOWN_MODEL]: {said}"
+    taken = "it ended aborted; retry it under this request_id with the same messages"
+    error = TurnwireError(
+        grpc.StatusCode.ALREADY_EXISTS,
+        f"a turn with request_id 'r1' already exists: {taken}",
+        reason="INVALID_FIELD",
+        field_violations=[("request_id", taken)],
+    )
+    assert str(error).count(taken) == 1
+    # A description the message holds without naming the field is still added, with its field.
+    error = TurnwireError(
+        grpc.StatusCode.INVALID_ARGUMENT, "unknown", field_violations=[("model", "unknown")]
+    )
+    assert str(error) == "INVALID_ARGUMENT: unknown; model: unknown"

@@ -515,6 +515,8 @@ async def test_nested_blocking_turn_from_a_tool_fails_with_failed_precondition(
     assert outcome["reason"] == "NESTED_TURN"
     assert "cannot be called from inside an active turn" in outcome["message"]
     assert "it would wait for that turn to end" in outcome["message"]
+    # What to do instead (docs/semantics.md §5, Nesting): before, the message stopped at the why.
+    assert "use SubmitMessages (its turn runs after this one) or AddMessages" in outcome["message"]
     stored = await h.store.load_messages(CONV)
     assert len(stored) == 2  # the nested turn stored nothing
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -76,6 +78,7 @@ class Count(BaseModel):
 
 started: list[ToolExecution] = []
 cancelled: list[ToolExecution] = []
+flag_when_cancelled: list[bool] = []
 
 
 @tool(Slow)
@@ -85,6 +88,7 @@ async def wait_forever(input: Slow, execution: ToolExecution) -> Any:
     try:
         await asyncio.Event().wait()
     except asyncio.CancelledError:
+        flag_when_cancelled.append(execution.cancelled.is_set())
         cancelled.append(execution)
         raise
 
@@ -94,6 +98,20 @@ async def count(input: Count, execution: ToolExecution) -> Any:
     """Count to `to`, as preliminary results; the last is the final one."""
     for i in range(1, input.to + 1):
         yield {"i": i, "big": BIG}
+
+
+@tool(Count)
+async def count_then_wait(input: Count, execution: ToolExecution) -> Any:
+    """Count to `to` as preliminary results, then wait until cancelled."""
+    for i in range(1, input.to + 1):
+        yield {"i": i}
+    try:
+        await asyncio.Event().wait()
+    except asyncio.CancelledError:
+        flag_when_cancelled.append(execution.cancelled.is_set())
+        cancelled.append(execution)
+        raise
+    yield "never"
 
 
 @tool(Count)
@@ -109,7 +127,7 @@ def policy() -> Policy:
 
 @pytest.fixture
 async def channel(policy: Policy) -> AsyncIterator[grpc.aio.Channel]:
-    served = await start(hooks=policy, tools=[wait_forever, count, refuse])
+    served = await start(hooks=policy, tools=[wait_forever, count, refuse, count_then_wait])
     async with grpc.aio.insecure_channel(f"127.0.0.1:{served.port}") as channel:
         yield channel
     await served.stop(0)
@@ -187,7 +205,7 @@ async def test_on_chunks_sees_the_turn_and_the_unread_rest_is_drained(
 async def test_the_tool_host_lists_runs_streams_and_fails_tools(channel: grpc.aio.Channel) -> None:
     stub = tools_pb2_grpc.ToolExecutorServiceStub(channel)
     listing = await stub.ListTools(tools_pb2.ListToolsRequest())
-    assert [t.name for t in listing.tools] == ["wait_forever", "count", "refuse"]
+    assert [t.name for t in listing.tools] == ["wait_forever", "count", "refuse", "count_then_wait"]
     assert dict(listing.tools[1].input_schema)["required"] == ["to"]
     assert listing.instance_id
 
@@ -220,11 +238,32 @@ async def test_a_cancelled_call_cancels_the_tool(channel: grpc.aio.Channel) -> N
     )
     reading = asyncio.ensure_future(call.read())
     await wait_until(lambda: any(e.tool_call_id == "c7" for e in started), what="the tool's start")
+    flag_when_cancelled.clear()
+    cancelled.clear()
     call.cancel()
     executions = await wait_until(lambda: list(cancelled), what="the tool's cancellation")
     assert executions[0].tool_call_id == "c7" and executions[0].idempotency_key == "tw-k-1"
     assert executions[0].rerun, "a re-run after a crash is told so (docs/semantics.md §8)"
     assert executions[0].cancelled.is_set()
+    # Set before the tool got its CancelledError, as for a tool in the sidecar's own process
+    # (before: set only once the error had left the tool).
+    assert flag_when_cancelled == [True]
+    reading.cancel()
+
+
+async def test_a_cancelled_call_cancels_a_streaming_tool_with_its_flag_set(channel: grpc.aio.Channel) -> None:
+    stub = tools_pb2_grpc.ToolExecutorServiceStub(channel)
+    call = stub.ExecuteTool(
+        tools_pb2.ExecuteToolRequest(tool_name="count_then_wait", tool_call_id="c8", input_json='{"to": 2}')
+    )
+    first = await call.read()  # the first yield is sent once the second came
+    assert first.preliminary_output_json == '{"i":1}'
+    reading = asyncio.ensure_future(call.read())
+    flag_when_cancelled.clear()
+    cancelled.clear()
+    call.cancel()
+    executions = await wait_until(lambda: list(cancelled), what="the streaming tool's cancellation")
+    assert executions[0].tool_call_id == "c8" and flag_when_cancelled == [True]
     reading.cancel()
 
 
@@ -324,3 +363,26 @@ async def test_call_info_gives_the_parent_request_id_and_trace_context() -> None
         await served.stop(0)
     with pytest.raises(LookupError):
         call_info()
+
+
+def test_a_hook_can_render_the_error_details_it_is_given() -> None:
+    # A fresh interpreter that imports only the kit and the hook messages, as a hook server does:
+    # rendering a failed turn's status (its ErrorInfo packed in an Any) raised TypeError "Can not
+    # find message descriptor by type_url", so a hook that logged its request failed its call.
+    program = """
+from google.protobuf import any_pb2, json_format
+from turnwire.kit import HookServer
+from turnwire_client.v1 import hooks_pb2
+
+info = bytes([0x0A, 5]) + b"OOPS!"  # google.rpc.ErrorInfo{reason: "OOPS!"}, as the sidecar sends it
+detail = any_pb2.Any(type_url="type.googleapis.com/google.rpc.ErrorInfo", value=info)
+request = hooks_pb2.OnChatErrorRequest()
+request.failure.error.code = 3
+request.failure.error.details.append(detail)
+print(json_format.MessageToJson(request, indent=None))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", program], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert '"reason": "OOPS!"' in done.stdout

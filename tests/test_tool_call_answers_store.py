@@ -210,3 +210,29 @@ async def test_expire_pending_tool_calls_closes_only_old_waiting_calls(store: St
         await store.answer_tool_calls(
             CONVERSATION, [ToolCallAnswer("c1", "output", output_json="1")], expired_before=None
         )
+
+
+async def test_a_second_answer_says_the_first_was_recorded(store: Store) -> None:
+    # Before: "tool call 'p1' does not wait for this answer: it is not waiting for an approval",
+    # which read as if the call never asked for one.
+    await _store(
+        store, _user("u1", "go"), _reply("a1", ("c1", "client"), ("p1", "approval"), ("p2", "approval"))
+    )
+    await store.answer_tool_calls(
+        CONVERSATION,
+        [
+            ToolCallAnswer("c1", "output", output_json="1"),
+            ToolCallAnswer("p1", "approve"),
+            ToolCallAnswer("p2", "deny", text="no"),
+        ],
+        expired_before=None,
+    )
+    expected = [
+        (ToolCallAnswer("c1", "output", output_json="2"), "its result was recorded already"),
+        (ToolCallAnswer("p1", "approve"), "its approval was answered already: it was approved"),
+        (ToolCallAnswer("p1", "deny"), "its approval was answered already: it was approved"),
+        (ToolCallAnswer("p2", "approve"), "its approval was answered already: it was denied"),
+    ]
+    for answer, why in expected:
+        with pytest.raises(ToolCallNotPending, match=why):
+            await store.answer_tool_calls(CONVERSATION, [answer], expired_before=None)

@@ -15,7 +15,7 @@ from typing import Any
 
 import mcp_types
 import pytest
-from support.engine_harness import CONV, MODEL, EngineFactory, end_of, of_kind, tool_parts
+from support.engine_harness import CONV, MODEL, EngineFactory, collect, end_of, of_kind, tool_parts
 from support.store_turns import crashed_turn
 from support.waiting import wait_until
 
@@ -255,3 +255,39 @@ def test_an_mcp_tool_is_idempotent_when_its_annotations_say_so(
         {"name": "charge", "inputSchema": {"type": "object"}, "annotations": annotations}
     )
     assert mcp_tool_idempotent(listed) is idempotent
+
+
+async def test_a_retried_turn_gives_a_call_of_a_failed_attempts_id_that_calls_key(
+    make_engine: EngineFactory,
+) -> None:
+    # docs/tools.md, "Idempotency keys", a retried turn: the retry's reply keeps its id, so the
+    # scripted model's call_0_0 of the retry has the key of the aborted attempt's call_0_0; a new
+    # request id is another reply, with other keys.
+    runs: list[ToolExecution] = []
+    first_run_waits = asyncio.Event()
+
+    async def send(input: dict[str, Any], execution: ToolExecution) -> str:
+        runs.append(execution)
+        if len(runs) == 1:
+            first_run_waits.set()
+            await asyncio.Event().wait()  # until the turn is cancelled
+        return "sent"
+
+    h = await make_engine(
+        scripts={"main": [ScriptStep(tool_calls=[ScriptedToolCall(name="send")]), ScriptStep(text="Sent.")]},
+        tools=[PythonTool("send", "send an email", send, input_schema={"type": "object"})],
+    )
+    handle = await h.start("send it", request_id="r-retry", message_id="m-retry")
+    collecting = asyncio.create_task(collect(handle))
+    await asyncio.wait_for(first_run_waits.wait(), 10)
+    handle.cancel()
+    assert end_of(await collecting).status == event_pb2.TURN_STATUS_ABORTED
+
+    retried = await h.run("send it", request_id="r-retry", message_id="m-retry")
+    assert end_of(retried).status == event_pb2.TURN_STATUS_COMPLETED
+    other = await h.run("send it again", request_id="r-other")
+    assert end_of(other).status == event_pb2.TURN_STATUS_COMPLETED
+
+    keys = [run.idempotency_key for run in runs]
+    assert keys[0] == keys[1] == tool_idempotency_key(CONV, "tw-a-r-retry", "call_0_0")
+    assert keys[2] not in keys[:2]

@@ -16,8 +16,10 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Literal
 
+import grpc
 import psutil
 import pytest
 from pydantic import BaseModel
@@ -35,9 +37,10 @@ from support.waiting import wait_until
 
 from turnwire.testing import ScriptedToolCall, ScriptStep
 from turnwire.tools import PythonTool, ToolError, ToolExecution, tool
-from turnwire_client.v1 import event_pb2
+from turnwire_client.v1 import event_pb2, tools_pb2
 from turnwire_server.engine.ids import tool_idempotency_key
 from turnwire_server.tools.demo import DEMO_TOOLS, calculator, evaluate
+from turnwire_server.tools.grpc_host import RemoteTool
 
 TOWER = "1+(((9**99)**99)**99)**99"
 """The message of the issue: computed naively, a number of about 300 million digits."""
@@ -450,3 +453,15 @@ async def test_a_call_id_seen_again_in_a_later_reply_gets_another_key(make_engin
     (first_id, first_key), (again_id, again_key) = keys
     assert first_id == again_id == "call_0"
     assert first_key != again_key
+
+
+def test_a_tool_hosts_deadline_reads_as_any_tools_timeout() -> None:
+    # Two timers of one length end a tool host's call: the engine's (usually first) and the gRPC
+    # deadline. The deadline's text added "(tool host 'billing')", so the model and the client
+    # got one of two wordings for the same timeout, as the race went (docs/tools.md gives one).
+    host: Any = SimpleNamespace(name="billing", default_timeout_seconds=30.0)
+    remote = RemoteTool(host, tools_pb2.ToolSpec(name="charge"), {"type": "object"})
+    deadline = grpc.aio.AioRpcError(
+        grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(), grpc.aio.Metadata()
+    )
+    assert str(remote._failure(deadline)) == "tool 'charge' timed out after 30 s"

@@ -103,7 +103,9 @@ func fromGRPCStatus(s *status.Status) *Error {
 }
 
 // Error is "Code [REASON]: message", then "; field: description" for each
-// field violation the message does not already state.
+// field violation the message does not already state (it states one whose
+// field it names and whose description it holds, in whatever words around
+// them).
 func (e *Error) Error() string {
 	var b strings.Builder
 	b.WriteString(e.Code.String())
@@ -114,9 +116,8 @@ func (e *Error) Error() string {
 		b.WriteString(": " + e.Message)
 	}
 	for _, v := range e.FieldViolations {
-		violation := v.Field + ": " + v.Description
-		if !strings.Contains(e.Message, violation) {
-			b.WriteString("; " + violation)
+		if !strings.Contains(e.Message, v.Description) || !strings.Contains(e.Message, v.Field) {
+			b.WriteString("; " + v.Field + ": " + v.Description)
 		}
 	}
 	return b.String()

@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"testing"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	turnwirev1 "turnwire.dev/go/gen/turnwire/v1"
@@ -60,5 +61,21 @@ func TestCitedTextIsTheTextPartASourceNames(t *testing.T) {
 	}
 	if got := turnwire.CitedText(message, &turnwirev1.SourcePart{SourceId: "s2"}); got != "" {
 		t.Errorf("a source tied to no text: got %q", got)
+	}
+}
+
+// The sidecar's UNKNOWN_MODEL status holds the field and the description in its own words;
+// Error() repeated the whole description after it.
+func TestErrorStatesAViolationItsMessageHoldsOnce(t *testing.T) {
+	said := "model 'nope:x' names provider 'nope', which is not configured; configured: ['scripted']"
+	e := &turnwire.Error{Code: codes.InvalidArgument, Reason: "UNKNOWN_MODEL", Message: said,
+		FieldViolations: []turnwire.FieldViolation{{Field: "model", Description: said}}}
+	if got, want := e.Error(), "InvalidArgument [UNKNOWN_MODEL]: "+said; got != want {
+		t.Errorf("got %q; want %q", got, want)
+	}
+	e = &turnwire.Error{Code: codes.InvalidArgument, Message: "unknown",
+		FieldViolations: []turnwire.FieldViolation{{Field: "model", Description: "unknown"}}}
+	if got, want := e.Error(), "InvalidArgument: unknown; model: unknown"; got != want {
+		t.Errorf("got %q; want %q", got, want)
 	}
 }

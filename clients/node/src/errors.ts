@@ -161,13 +161,16 @@ function fromDetails({ info, badRequests, retry }: Details): Omit<TurnwireErrorI
   };
 }
 
-/** `CODE [REASON]: message`, plus `; field: description` for each violation the message omits. */
+/**
+ * `CODE [REASON]: message`, plus `; field: description` for each violation the message does not
+ * already state (it states one whose field it names and whose description it holds, in whatever
+ * words around them).
+ */
 function describe(code: string, reason: string, message: string, violations: FieldViolation[]): string {
   let text = reason ? `${code} [${reason}]` : code;
   if (message) text += `: ${message}`;
   for (const { field, description } of violations) {
-    const violation = `${field}: ${description}`;
-    if (!message.includes(violation)) text += `; ${violation}`;
+    if (!(message.includes(description) && message.includes(field))) text += `; ${field}: ${description}`;
   }
   return text;
 }

@@ -15,6 +15,12 @@ sidecar then applies the entry's failure mode (``open``: as if it answered nothi
 the tool call is blocked or the turn fails). When the sidecar's deadline passes or the turn ends,
 the call is cancelled: the hook's task gets ``asyncio.CancelledError``. Inside a hook,
 :func:`turnwire.kit.call_info` gives the call's metadata and W3C trace context.
+
+The ``google.rpc.Status`` a hook gets (``OnChatResponseRequest.error``, ``ChatErrorInfo.error``)
+carries ``google.rpc`` details (``ErrorInfo``, ``BadRequest``, ``RetryInfo``, ``QuotaFailure``)
+packed in ``Any``; importing the kit registers their types, so ``json_format.MessageToJson``
+of a request, or of the status, renders them instead of raising ``TypeError`` (``Can not find
+message descriptor by type_url``).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Any, ClassVar
 
 import grpc
 from google.rpc import code_pb2, status_pb2
+from google.rpc import error_details_pb2 as _error_details  # noqa: F401 - registers the details' types
 
 from turnwire.kit import calls
 from turnwire.values import dumps, loads

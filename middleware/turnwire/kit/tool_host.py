@@ -12,7 +12,8 @@ and how a tool says it:
 - **errors**: any exception (a :class:`turnwire.tools.ToolError` for a message meant for the model)
   is sent as ``ExecuteToolResponse.error``, its text what the model reads; the RPC ends OK;
 - **cancellation**: when the turn is cancelled or the call's deadline passes, the sidecar cancels
-  the RPC; the tool's task gets ``asyncio.CancelledError`` and ``ToolExecution.cancelled`` is set;
+  the RPC; ``ToolExecution.cancelled`` is set, then the tool's task gets ``asyncio.CancelledError``
+  (so a tool finds the flag set when it handles the error, as in the sidecar's own process);
 - ``needs_approval`` (a bool) becomes ``requires_approval``, ``timeout_seconds`` the spec's
   ``timeout``, ``idempotent`` the spec's ``idempotent``; ``ExecuteToolRequest.idempotency_key``
   and ``rerun`` are ``ToolExecution.idempotency_key`` and ``rerun``;
@@ -21,6 +22,7 @@ and how a tool says it:
 
 from __future__ import annotations
 
+import asyncio
 import collections.abc
 import logging
 import uuid
@@ -35,6 +37,19 @@ from turnwire.values import dumps, parse_tool_input
 from turnwire_client.v1 import tools_pb2, tools_pb2_grpc
 
 logger = logging.getLogger("turnwire.kit")
+
+
+async def _produce(
+    tool: Tool, input: dict[str, Any], execution: ToolExecution, out: asyncio.Queue[Any]
+) -> None:
+    """Run ``tool`` and put what it gives into ``out``: a plain tool's result, or each yield of a
+    streaming one (an async generator), in order; a raised error ends the task with it."""
+    result = await tool.execute(input, execution)
+    if isinstance(result, collections.abc.AsyncIterator):
+        async for value in result:
+            await out.put(value)
+    else:
+        await out.put(result)
 
 
 def tool_spec(tool: Tool) -> tools_pb2.ToolSpec:
@@ -96,21 +111,41 @@ class ToolHost(tools_pb2_grpc.ToolExecutorServiceServicer):
             idempotency_key=request.idempotency_key,
             rerun=request.rerun,
         )
+        # The tool runs in a task of its own (one, so a streaming tool keeps its context across
+        # its yields): when the RPC is cancelled, the flag is set before the tool's task is
+        # cancelled, and the call waits for the tool to stop. Cancelling the RPC's task alone
+        # would hand the tool its CancelledError before the flag could be set.
+        values: asyncio.Queue[Any] = asyncio.Queue(maxsize=1)  # the tool waits for each send
+        running = asyncio.ensure_future(_produce(tool, input, execution, values))
+        pending: Any = None  # a streaming tool's last yield is its final result
+        started = False
+        taking: asyncio.Future[Any] | None = None
         try:
-            result = await tool.execute(input, execution)
-            if isinstance(result, collections.abc.AsyncIterator):
-                # Each yield goes out when the next comes: the last one is the final result.
-                pending: Any = None
-                started = False
-                async for value in result:
-                    if started:
-                        yield tools_pb2.ExecuteToolResponse(preliminary_output_json=dumps(pending))
-                    pending, started = value, True
-                result = pending
-            final = dumps(result)
+            while True:
+                taking = asyncio.ensure_future(values.get())
+                await asyncio.wait((taking, running), return_when=asyncio.FIRST_COMPLETED)
+                if taking.done():
+                    value = taking.result()
+                else:  # the tool ended: what it put last, else its end (its error raised below)
+                    taking.cancel()
+                    if values.empty():
+                        break
+                    value = values.get_nowait()
+                if started:
+                    yield tools_pb2.ExecuteToolResponse(preliminary_output_json=dumps(pending))
+                pending, started = value, True
+            running.result()
+            final = dumps(pending)
         except BaseException as error:
             if not isinstance(error, Exception):  # cancelled (the call ended), or the process stops
                 execution.cancelled.set()
+                if taking is not None:
+                    taking.cancel()
+                if not running.done():
+                    running.cancel()
+                    await asyncio.wait((running,))  # the tool stops before the call ends
+                if not running.cancelled() and running.exception() is not None:
+                    logger.info("tool %s failed while cancelled: %s", request.tool_name, running.exception())
                 raise
             logger.info("tool %s failed: %s", request.tool_name, error)
             yield tools_pb2.ExecuteToolResponse(error=str(error) or type(error).__name__)

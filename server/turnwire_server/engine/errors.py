@@ -91,8 +91,9 @@ class NestedTurn(AdmissionRefused):
 
     def __init__(self, parent_request_id: str) -> None:
         super().__init__(
-            "cannot be called from inside an active turn of the same conversation: "
-            "it would wait for that turn to end"
+            "cannot be called from inside an active turn of the same conversation: it would wait "
+            "for that turn to end; to add input from inside it, use SubmitMessages (its turn runs "
+            "after this one) or AddMessages (no turn)"
         )
         self.parent_request_id = parent_request_id
 

@@ -381,15 +381,18 @@ class StepLoop(StepStream):
             self.settings.fallbacks.succeeded(model_id)
             if clamped is not None:
                 finish.warnings = (*finish.warnings, clamped.warning)
-            await runner.repair_invalid(finish.finish_reason)
-            had_tool_results = await runner.run_pending(step_number)
-            result = self._step_result(step_number, finish, cost)
-            turn.steps.append(result)
+            # The model call is done: its usage and cost count now, before the step's tools run,
+            # so a turn stopped while they run (a cancel, a stall, new input, a deadline) still
+            # reports them in its TurnEnd, its stored cost and the metrics (docs/semantics.md §11).
             turn.usage.add(finish.usage)
             turn.cost.add(cost)
             metrics.STEPS.labels(self._model_label, finish.finish_reason).inc()
             metrics.count_tokens(self._model_label, finish.usage)
             metrics.count_cost(request.conversation_id, self._provider_label, self._model_label, cost)
+            await runner.repair_invalid(finish.finish_reason)
+            had_tool_results = await runner.run_pending(step_number)
+            result = self._step_result(step_number, finish, cost)
+            turn.steps.append(result)
             self._step_finish_event(result, finish)
             await turn.hooks.on_step_finish(result)
             timeline.end(step_span, finish.finish_reason)

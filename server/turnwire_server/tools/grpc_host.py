@@ -293,7 +293,9 @@ class RemoteTool:
         code = error.code()
         host = f"tool host {self.host.name!r}"
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-            return ToolError(f"tool {self.name!r} timed out after {self.timeout_seconds:g} s ({host})")
+            # The engine's own timer, of the same length, usually ends the call first: one text
+            # whichever fires (engine/tool_calls.py), so the model and the client see one wording.
+            return ToolError(f"tool {self.name!r} timed out after {self.timeout_seconds:g} s")
         if code == grpc.StatusCode.UNAVAILABLE:
             self.host.mark_stale()
             return ToolError(f"{host} is unavailable: {error.details()}")

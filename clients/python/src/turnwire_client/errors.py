@@ -68,15 +68,16 @@ class TurnwireError(Exception):
 
     def __str__(self) -> str:
         """``CODE [REASON]: message``, plus ``; field: description`` for each violation the
-        message does not already state."""
+        message does not already state (it states one that it names the field of and whose
+        description it holds, in whatever words around them: ``model 'x' names provider 'x',
+        which is not configured`` states the violation of ``model`` with that description)."""
         head = self.code.name if isinstance(self.code, grpc.StatusCode) else str(self.code)
         if self.reason:
             head += f" [{self.reason}]"
         text = f"{head}: {self.message}" if self.message else head
         for field_path, description in self.field_violations:
-            violation = f"{field_path}: {description}"
-            if violation not in self.message:
-                text += f"; {violation}"
+            if not (description in self.message and field_path in self.message):
+                text += f"; {field_path}: {description}"
         return text
 
     @classmethod

@@ -24,12 +24,27 @@ from turnwire_server.store.records import AnsweredToolCalls, ToolCallAnswer
 from turnwire_server.store.waiting_calls import DENIED_BY_USER_TEXT, close_call, deny_call, is_waiting
 
 
+def _answered_already(call: message_pb2.ToolCallPart) -> str | None:
+    """Why ``call`` takes no answer because it had one (an approval answered, a client call's
+    result recorded), for the refusal's message; None when it never waited or still waits."""
+    if call.approval.id and call.state != message_pb2.TOOL_CALL_STATE_APPROVAL_REQUESTED:
+        if call.state == message_pb2.TOOL_CALL_STATE_OUTPUT_DENIED:
+            return "its approval was answered already: it was denied"
+        return "its approval was answered already: it was approved"
+    if call.client_executed and call.state in (
+        message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE,
+        message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR,
+    ):
+        return "its result was recorded already"
+    return None
+
+
 def _apply(call: message_pb2.ToolCallPart, answer: ToolCallAnswer) -> None:
     """Record ``answer`` into ``call``, or raise :class:`ToolCallNotPending` when the call does not
     wait for this kind of answer."""
     if answer.kind in ("output", "error"):
         if not (call.client_executed and call.state == message_pb2.TOOL_CALL_STATE_INPUT_AVAILABLE):
-            why = (
+            why = _answered_already(call) or (
                 "it waits for an approval (SubmitToolApprovals), not a result"
                 if call.state == message_pb2.TOOL_CALL_STATE_APPROVAL_REQUESTED
                 else "it is not a client tool call waiting for its result"
@@ -48,7 +63,7 @@ def _apply(call: message_pb2.ToolCallPart, answer: ToolCallAnswer) -> None:
             close_call(call, answer.text or DENIED_BY_USER_TEXT)
         return
     if call.state != message_pb2.TOOL_CALL_STATE_APPROVAL_REQUESTED:
-        why = (
+        why = _answered_already(call) or (
             "it waits for its result (SubmitToolResults), not an approval"
             if is_waiting(call)
             else "it is not waiting for an approval"
