@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
@@ -32,7 +33,7 @@ from support.sidecar import SidecarFactory, SidecarProcess, running_sidecar
 from support.tokens import new_token
 from support.waiting import wait_until
 
-from turnwire_client import TurnwireClient
+from turnwire_client import TurnwireClient, TurnwireError
 from turnwire_client.v1 import message_pb2
 
 TOKEN_A = new_token()
@@ -288,27 +289,107 @@ async def test_retrieving_an_unknown_response_says_no_such_response_exists(
     )
 
 
-async def test_retrieving_a_response_past_the_event_retention_says_so(
+async def test_a_response_past_the_event_retention_is_read_from_the_stored_conversation(
     sidecar_factory: SidecarFactory, tmp_path: Path
 ) -> None:
-    """A response whose turn ended longer ago than ``durability.event_retention_seconds`` exists:
-    its 404 says its events are gone and where the reply is, not that there is no such response."""
+    """A response whose turn ended longer ago than ``durability.event_retention_seconds`` is still
+    stored (its record, its reply in the conversation): it reads, streams, continues and cancels
+    as before its events were dropped. Before, every one of these answered 404 ("its events are
+    gone") an hour after the turn although the conversation kept the reply: ``retrieve``,
+    ``retrieve(stream=True)``, ``cancel``, a background response's ``retrieve``, a Chat
+    Completions turn's ``retrieve``, and ``previous_response_id`` (also for a client tool's
+    ``function_call_output``), so an app could not continue a conversation after an hour."""
     config = http_sidecar_config(tmp_path, {TOKEN_A: ("alice", "tenant-a")}, SCRIPTS)
     config["durability"] = {"event_retention_seconds": 0.5}
     sidecar = await sidecar_factory(config).start()
-    async with openai_client(sidecar) as client:
-        done = await client.responses.create(input="hi", conversation="oa-expiring")
+    async with openai_client(sidecar) as client, TurnwireClient(sidecar.target, token=TOKEN_A) as grpc_a:
+        echo = await client.responses.create(model="scripted:echo", input="hi", conversation="oa-old")
+        calc = await client.responses.create(
+            model="scripted:calculate", input="6*7?", conversation="oa-old-c"
+        )
+        located = await client.responses.create(
+            model="scripted:locate", input="Where am I?", tools=[LOCATION_TOOL], conversation="oa-old-t"
+        )
+        background = await client.responses.create(input="later", conversation="oa-old-b", background=True)
+        completion = await client.chat.completions.create(
+            model="scripted:thanks",
+            messages=[{"role": "user", "content": "hi"}],
+            extra_body={"conversation": "cc-old"},
+        )
+        await wait_until(
+            lambda: _ran(client, background.id), timeout=10, what="the background response to run"
+        )
+        ids = [echo.id, calc.id, located.id, background.id, completion.id]
 
-        async def refused() -> str | None:
-            try:
-                await client.responses.retrieve(done.id)
-            except openai.NotFoundError as error:
-                assert isinstance(error.body, dict)
-                return str(error.body["message"])
-            return None
+        async def expired() -> bool:
+            for response_id in ids:
+                try:
+                    async for _ in grpc_a.resume_turn(response_id):
+                        pass
+                except TurnwireError as error:
+                    assert error.code == grpc.StatusCode.NOT_FOUND, error
+                    continue
+                return False
+            return True
 
-        message = await wait_until(refused, timeout=10, what="the response's events to expire")
-    assert message is not None and "event_retention_seconds" in message and "GetConversation" in message
+        await wait_until(expired, timeout=10, what="the responses' events to expire")
+        with pytest.raises(TurnwireError) as gone:  # says where the reply is, in the caller's own ids
+            async for _ in grpc_a.resume_turn(echo.id):
+                pass
+        assert gone.value.error_metadata["conversation_id"] == "oa-old", gone.value.error_metadata
+        assert "GetConversation of conversation 'oa-old'" in gone.value.message, gone.value.message
+
+        read = await client.responses.retrieve(echo.id)
+        Response.model_validate(read.to_dict())
+        assert (read.id, read.status, read.output_text) == (echo.id, "completed", echo.output_text)
+        assert [item.type for item in read.output] == ["reasoning", "message"]
+        assert read.conversation is not None and read.conversation.id == "oa-old"
+        assert read.model == "scripted:echo" and read.usage is None  # the record keeps no tokens
+        assert read.created_at <= (read.completed_at or 0)
+
+        tools = await client.responses.retrieve(calc.id)
+        assert [item.type for item in tools.output] == ["function_call", "function_call_output", "message"]
+        assert tools.output_text == "It is 42."
+
+        events = [checked(e) async for e in await client.responses.retrieve(echo.id, stream=True)]
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        assert events[-1]["type"] == "response.completed"
+        assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == (
+            echo.output_text
+        )
+        with pytest.raises(openai.NotFoundError) as numbered:  # its numbers are the gone events'
+            await client.responses.retrieve(echo.id, stream=True, starting_after=3)
+        assert (
+            isinstance(numbered.value.body, dict)
+            and "event_retention_seconds" in numbered.value.body["message"]
+        )
+
+        assert (await client.responses.cancel(echo.id)).status == "completed"
+        assert (await client.responses.retrieve(background.id)).output_text == "answered over the OpenAI door"
+        assert (await client.responses.retrieve(completion.id)).output_text == "You are in Paris."
+
+        call = next(item for item in located.output if item.type == "function_call")
+        answered = await client.responses.create(
+            model="scripted:thanks",
+            previous_response_id=located.id,
+            tools=[LOCATION_TOOL],
+            input=[{"type": "function_call_output", "call_id": call.call_id, "output": '{"city": "Paris"}'}],
+        )
+        assert answered.output_text == "You are in Paris."
+        assert answered.conversation is not None and answered.conversation.id == "oa-old-t"
+        located_again = await client.responses.retrieve(located.id)  # the call as it ended the response
+        assert [item.type for item in located_again.output] == ["message", "function_call"]
+
+        later = await client.responses.create(
+            model="scripted:thanks", input="more", previous_response_id=echo.id
+        )
+        assert later.conversation is not None and later.conversation.id == "oa-old"
+        with pytest.raises(openai.NotFoundError):
+            await client.responses.create(input="x", previous_response_id="resp-unknown")
+
+
+async def _ran(client: openai.AsyncOpenAI, response_id: str) -> bool:
+    return (await client.responses.retrieve(response_id)).status == "completed"
 
 
 async def test_tenants_and_tokens(sidecar: SidecarProcess, client: openai.AsyncOpenAI) -> None:

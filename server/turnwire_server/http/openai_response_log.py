@@ -34,7 +34,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from turnwire_client.v1 import event_pb2
+from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 from turnwire_server.http.openai_errors import turn_error
 
 _STATUS = {
@@ -72,13 +72,24 @@ class ResponseLog:
 
     ``response_id`` is the turn's request id; ``echo`` holds the request fields a Response repeats
     (``instructions``, ``tools``, ``metadata``, ``previous_response_id`` …); ``status`` is the
-    status before the turn starts (``queued`` for a background response)."""
+    status before the turn starts (``queued`` for a background response); ``created_at`` and
+    ``completed_at`` (Unix seconds) replace the times of the read when given (a stored turn's);
+    ``usage_known`` false leaves ``usage`` None at the end (a stored turn's TurnEnd carries none)."""
 
-    def __init__(self, response_id: str, *, echo: dict[str, Any] | None = None, status: str = "in_progress"):
+    def __init__(
+        self,
+        response_id: str,
+        *,
+        echo: dict[str, Any] | None = None,
+        status: str = "in_progress",
+        created_at: int | None = None,
+        completed_at: int | None = None,
+        usage_known: bool = True,
+    ):
         self.response: dict[str, Any] = {
             "id": response_id,
             "object": "response",
-            "created_at": int(time.time()),
+            "created_at": int(time.time()) if created_at is None else created_at,
             "status": status,
             "background": False,
             "error": None,
@@ -100,6 +111,8 @@ class ResponseLog:
         self.ended = False
         self._open: dict[str, int] = {}  # text/reasoning block id or tool call id → output index
         self._finish_length = False
+        self._completed_at = completed_at
+        self._usage_known = usage_known
 
     # -- output items -------------------------------------------------------------------------
 
@@ -332,8 +345,8 @@ class ResponseLog:
             status = "failed"
             self.response["error"] = turn_error(end.error)
         self.response["status"] = status
-        self.response["usage"] = usage_of(end.usage)
-        self.response["completed_at"] = int(time.time())
+        self.response["usage"] = usage_of(end.usage) if self._usage_known else None
+        self.response["completed_at"] = int(time.time()) if self._completed_at is None else self._completed_at
         self.ended = True
         self._event(_TERMINAL_EVENT[status], out, response=self.snapshot())
 
@@ -348,6 +361,91 @@ class ResponseLog:
         return {**self.response, "output": [_copy(item) for item in self.response["output"]]}
 
 
+def stored_log(turn: chat_service_pb2.Turn) -> ResponseLog:
+    """An empty :class:`ResponseLog` for ``turn`` (``ListTurns``), a turn whose events are gone
+    (past ``durability.event_retention_seconds``) but whose record and reply are stored, to feed
+    :func:`stored_events` into: its model, the turn's start and end times as ``created_at`` and
+    ``completed_at``, and ``usage`` None."""
+    return ResponseLog(
+        turn.request_id,
+        echo={"model": turn.model},
+        created_at=turn.start_time.seconds if turn.HasField("start_time") else None,
+        completed_at=turn.end_time.seconds if turn.HasField("end_time") else None,
+        usage_known=False,
+    )
+
+
+def stored_events(
+    turn: chat_service_pb2.Turn, reply: message_pb2.Message | None
+) -> list[event_pb2.TurnEvent]:
+    """The turn events a replay of stored turn ``turn`` would be, made from its record and its
+    assistant message ``reply`` (None when it has none), numbered from 1: what the stored reply
+    keeps maps as the events did (text, reasoning, the calls and results of the sidecar's own
+    tools; a client tool's call without the result the client sent later, as when it ended the
+    response). The TurnEnd carries no usage (a turn record keeps its cost, not its tokens: the
+    Response's ``usage`` is None) and no finish reason (an ``incomplete`` for
+    ``max_output_tokens`` reads as ``completed``). Not the numbering of the turn's own events."""
+    events: list[event_pb2.TurnEvent] = []
+
+    def add(**kind: Any) -> None:
+        events.append(
+            event_pb2.TurnEvent(
+                conversation_id=turn.conversation_id,
+                request_id=turn.request_id,
+                sequence_number=len(events) + 1,
+                **kind,
+            )
+        )
+
+    add(turn_start=event_pb2.TurnStart(message_id=turn.assistant_message_id, model=turn.model))
+    for number, part in enumerate(reply.parts if reply is not None else ()):
+        block = f"stored-{number}"
+        kind = part.WhichOneof("kind")
+        if kind == "text":
+            add(text_start=event_pb2.TextStart(id=block))
+            add(text_delta=event_pb2.TextDelta(id=block, delta=part.text.text))
+            add(text_end=event_pb2.TextEnd(id=block))
+        elif kind == "reasoning" and not part.reasoning.redacted:
+            add(reasoning_start=event_pb2.ReasoningStart(id=block))
+            add(reasoning_delta=event_pb2.ReasoningDelta(id=block, delta=part.reasoning.text))
+            add(reasoning_end=event_pb2.ReasoningEnd(id=block))
+        elif kind == "tool_call":
+            call = part.tool_call
+            call_id, name = call.tool_call_id, call.tool_name
+            add(
+                tool_input_available=event_pb2.ToolInputAvailable(
+                    tool_call_id=call_id, tool_name=name, input_json=call.input_json or "{}"
+                )
+            )
+            if call.client_executed:
+                continue  # the response ended at the call; the client sent its result
+            if call.state == message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE:
+                add(
+                    tool_output_available=event_pb2.ToolOutputAvailable(
+                        tool_call_id=call_id, tool_name=name, output_json=call.output_json
+                    )
+                )
+            elif call.state == message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR:
+                add(
+                    tool_output_error=event_pb2.ToolOutputError(
+                        tool_call_id=call_id, tool_name=name, error_text=call.error_text
+                    )
+                )
+            elif call.state == message_pb2.TOOL_CALL_STATE_OUTPUT_DENIED:
+                add(
+                    tool_output_denied=event_pb2.ToolOutputDenied(
+                        tool_call_id=call_id, tool_name=name, reason=call.approval.reason
+                    )
+                )
+    end = event_pb2.TurnEnd(status=turn.status)
+    if turn.HasField("error"):
+        end.error.CopyFrom(turn.error)
+    if reply is not None:
+        end.message.CopyFrom(reply)
+    add(turn_end=end)
+    return events
+
+
 def _copy(item: dict[str, Any]) -> dict[str, Any]:
     copied = dict(item)
     if "content" in copied:
@@ -355,4 +453,4 @@ def _copy(item: dict[str, Any]) -> dict[str, Any]:
     return copied
 
 
-__all__ = ["ResponseLog", "usage_of"]
+__all__ = ["ResponseLog", "stored_events", "stored_log", "usage_of"]
