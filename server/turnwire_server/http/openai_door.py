@@ -291,9 +291,11 @@ class ResponsesDoor:
                     if frames := _frames(log.feed(item.event), after):
                         yield frames
         except CallEnded as ended:
+            # OpenAI's ResponseErrorEvent: code, message, param; the error's own ``type`` would
+            # replace the event's.
             _, body = ended_error(ended, param_names=_PARAMS)
-            error = {"type": "error", "sequence_number": log.next_sequence_number, **body["error"]}
-            yield _frames([error], -1)
+            fields = {key: body["error"][key] for key in ("code", "message", "param")}
+            yield _frames([{"type": "error", "sequence_number": log.next_sequence_number, **fields}], -1)
         finally:
             await events.aclose()  # type: ignore[attr-defined]
 
