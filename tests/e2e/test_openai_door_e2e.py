@@ -419,6 +419,43 @@ async def test_bad_requests_name_the_param(client: openai.AsyncOpenAI) -> None:
     assert isinstance(bad_tool.value.body, dict) and bad_tool.value.body["param"] == "tools[0].type"
 
 
+async def test_an_oversized_message_names_the_request_param_it_came_in(client: openai.AsyncOpenAI) -> None:
+    """A message over ``limits.max_message_bytes`` is refused naming where the caller sent it.
+    Before, the ``param`` was the Turnwire field: ``message`` for a Responses ``input`` string,
+    ``messages[2]`` for ``input[1]`` after ``instructions``, and ``messages[0]`` for the third of a
+    Chat Completions request's messages (a named conversation takes those after the last
+    assistant message) or for a message after a ``tool`` message."""
+    big = "x" * (1100 * 1024)
+
+    async def param_of(call: Any) -> Any:
+        with pytest.raises(openai.BadRequestError) as refused:
+            await call
+        assert isinstance(refused.value.body, dict) and refused.value.body["code"] == "message_too_large"
+        return refused.value.body["param"]
+
+    assert await param_of(client.responses.create(input=big)) == "input"
+    two = [{"role": "user", "content": "a"}, {"role": "user", "content": big}]
+    assert await param_of(client.responses.create(instructions="Be brief.", input=two)) == "input[1]"  # type: ignore[arg-type]
+    assert await param_of(client.responses.create(input=two, background=True)) == "input[1]"  # type: ignore[arg-type]
+    history: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+        {"role": "user", "content": big},
+    ]
+    named = client.chat.completions.create(messages=history, model="", extra_body={"conversation": "cc-big"})
+    assert await param_of(named) == "messages[2]"
+    answered: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": "a"},
+        {
+            "role": "assistant",
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "1"},
+        {"role": "user", "content": big},
+    ]
+    assert await param_of(client.chat.completions.create(messages=answered, model="")) == "messages[3]"
+
+
 async def test_hooks_see_the_request_fields_they_are_handed(client: openai.AsyncOpenAI) -> None:
     """``metadata`` reaches ``before_turn`` in ``body``; the hook's choice of model is the one used."""
     response = await client.responses.create(

@@ -146,7 +146,7 @@ class ResponsesDoor:
         method, message = self._turn_request(conversation, response_id, parsed.model or "", turn)
         events = self.calls.stream(_SERVICE + method, message, call)
         log = ResponseLog(response_id, echo=echo)
-        return await self._answer(events, log, stream=bool(parsed.stream))
+        return await self._answer(events, log, stream=bool(parsed.stream), params=_PARAMS | turn.params)
 
     def _turn_request(
         self, conversation: str, response_id: str, model: str, turn: TurnInput
@@ -194,7 +194,7 @@ class ResponsesDoor:
         try:
             await self.calls.unary(_SERVICE + "SubmitMessages", submit, call)
         except CallEnded as ended:
-            return ended_response(ended, param_names=_PARAMS)
+            return ended_response(ended, param_names=_PARAMS | turn.params)
         log = ResponseLog(submission_id, echo=echo, status="queued")
         log.response["conversation"] = {"id": conversation}
         log.response["model"] = model
@@ -258,15 +258,22 @@ class ResponsesDoor:
     # -- answering: one Response, or its events over SSE -----------------------------------------
 
     async def _answer(
-        self, events: AsyncIterator[Any], log: ResponseLog, *, stream: bool, after: int = -1
+        self,
+        events: AsyncIterator[Any],
+        log: ResponseLog,
+        *,
+        stream: bool,
+        after: int = -1,
+        params: dict[str, str] = _PARAMS,
     ) -> Response:
         """The Response of the turn ``events`` carry, or (``stream``) its events after sequence
         number ``after`` as server-sent events. A call refused before its first event is
-        OpenAI's error answer."""
+        OpenAI's error answer, its ``param`` renamed by ``params`` (Turnwire field → request
+        parameter)."""
         try:
             first = await anext(events)
         except CallEnded as ended:
-            return ended_response(ended, param_names=_PARAMS)
+            return ended_response(ended, param_names=params)
         except StopAsyncIteration:
             first = None
         if not stream:
@@ -276,12 +283,12 @@ class ResponsesDoor:
                     async for item in events:
                         log.feed(item.event)
             except CallEnded as ended:
-                return ended_response(ended, param_names=_PARAMS, started=first is not None)
+                return ended_response(ended, param_names=params, started=first is not None)
             return json_response(log.snapshot())
-        return EventSourceResponse(self._sse(first, events, log, after), ping=15)
+        return EventSourceResponse(self._sse(first, events, log, after, params), ping=15)
 
     async def _sse(
-        self, first: Any, events: AsyncIterator[Any], log: ResponseLog, after: int
+        self, first: Any, events: AsyncIterator[Any], log: ResponseLog, after: int, params: dict[str, str]
     ) -> AsyncIterator[bytes]:
         try:
             if first is not None:
@@ -293,7 +300,7 @@ class ResponsesDoor:
         except CallEnded as ended:
             # OpenAI's ResponseErrorEvent: code, message, param; the error's own ``type`` would
             # replace the event's.
-            _, body = ended_error(ended, param_names=_PARAMS)
+            _, body = ended_error(ended, param_names=params)
             fields = {key: body["error"][key] for key in ("code", "message", "param")}
             yield _frames([{"type": "error", "sequence_number": log.next_sequence_number, **fields}], -1)
         finally:
