@@ -39,6 +39,7 @@ from turnwire_client.v1 import message_pb2
 TOKEN_A = new_token()
 TOKEN_B = new_token()
 NODE_SCRIPT = Path(__file__).resolve().parents[1] / "support" / "openai_node.mjs"
+AI_SDK_SCRIPT = Path(__file__).resolve().parents[1] / "support" / "ai_sdk_openai_node.mjs"
 EVENT = TypeAdapter(ResponseStreamEvent)
 LOCATION_TOOL: FunctionToolParam = {
     "type": "function",
@@ -197,8 +198,10 @@ async def test_the_sidecar_runs_its_own_tools_and_shows_them(client: openai.Asyn
         model="scripted:calculate", input="6 * 7?", conversation="oa-calc"
     )
     kinds = [item.type for item in response.output]
-    assert kinds == ["function_call", "function_call_output", "message"], kinds
-    assert "42" in str(response.output[1].to_dict()["output"])
+    assert kinds == ["mcp_call", "message"], kinds  # a tool the server ran, with its output
+    call = response.output[0].to_dict()
+    assert (call["name"], call["server_label"], call["status"]) == ("calculator", "turnwire", "completed")
+    assert "42" in str(call["output"]) and json.loads(str(call["arguments"])) == {"expression": "6 * 7"}
     assert response.output_text == "It is 42."
 
 
@@ -348,7 +351,7 @@ async def test_a_response_past_the_event_retention_is_read_from_the_stored_conve
         assert read.created_at <= (read.completed_at or 0)
 
         tools = await client.responses.retrieve(calc.id)
-        assert [item.type for item in tools.output] == ["function_call", "function_call_output", "message"]
+        assert [item.type for item in tools.output] == ["mcp_call", "message"]
         assert tools.output_text == "It is 42."
 
         events = [checked(e) async for e in await client.responses.retrieve(echo.id, stream=True)]
@@ -622,4 +625,38 @@ async def test_the_openai_npm_sdk(sidecar: SidecarProcess) -> None:
         "status": 400,
         "param": "conversation",
         "code": "invalid_field",
+    }
+
+
+async def test_the_ai_sdk_openai_provider_sees_the_sidecars_tools_as_run(sidecar: SidecarProcess) -> None:
+    """``tests/support/ai_sdk_openai_node.mjs``: the Vercel AI SDK's OpenAI provider
+    (``@ai-sdk/openai``, unmodified, its default Responses model). A call the sidecar ran reaches it
+    as a tool the provider executed, with its result; a call of the application's own tool as one it
+    runs. Before, a turn with a sidecar tool failed ``generateText`` ("Invalid JSON response": a
+    ``function_call_output`` output item) and, streamed, was a call of a tool the application does
+    not have (``NoSuchToolError``, finish ``tool-calls``)."""
+    node = await asyncio.create_subprocess_exec(
+        shutil.which("node") or "node",
+        str(AI_SDK_SCRIPT),
+        f"{http_base(sidecar)}/v1",
+        TOKEN_A,
+        cwd=AI_SDK_SCRIPT.parents[2],
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(node.communicate(), timeout=120)
+    assert node.returncode == 0, err.decode()
+    seen = json.loads(out)
+    assert seen["generated"]["text"] == "It is 42." and seen["generated"]["finish"] == "stop"
+    assert seen["generated"]["calls"] == [{"name": "mcp.calculator", "providerExecuted": True}]
+    assert "42" in seen["generated"]["results"][0]
+    assert seen["streamed"]["text"] == "It is 42." and seen["streamed"]["finish"] == "stop"
+    assert seen["streamed"]["parts"] == [
+        ["tool-call", "mcp.calculator", True],
+        ["tool-result", "mcp.calculator", True],
+    ]
+    assert seen["client"] == {
+        "finish": "tool-calls",
+        "calls": [{"name": "get_location", "input": {"precision": "city"}}],
+        "results": [{"city": "Paris"}],
     }

@@ -15,9 +15,12 @@ What maps (one turn = one response, its request id = the response id):
 
 - text blocks → ``message`` items with one ``output_text`` part;
 - reasoning blocks → ``reasoning`` items with one ``reasoning_text`` part;
-- tool calls → ``function_call`` items (a client tool's call ends the turn waiting for its
-  ``function_call_output``); the result of a call the sidecar ran (a server tool) →
-  a ``function_call_output`` item, so a caller sees the whole tool loop;
+- a call the sidecar ran (its own tools, tool hosts, MCP: its result came in the turn) →
+  an ``mcp_call`` item (``server_label`` ``turnwire``) with its ``arguments`` and ``output`` or
+  ``error``: OpenAI's item for a tool the server ran, which clients show and do not run, so a
+  caller sees the whole tool loop. A client tool's call, which ends the turn waiting for its
+  ``function_call_output``, → a ``function_call`` item. Which one a call is shows only when its
+  result comes or the turn ends, so a call's item is sent then (see :class:`_HeldCall`);
 - ``TurnEnd`` → ``response.completed`` (``incomplete`` when the last step hit the output limit),
   ``response.failed`` (a failed or interrupted turn), or ``response.incomplete`` with status
   ``cancelled`` (a cancelled turn), with the turn's usage.
@@ -32,6 +35,7 @@ new attempt's items follow them (what was streamed cannot be taken back).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
@@ -51,6 +55,22 @@ _TERMINAL_EVENT = {
     "failed": "response.failed",
     "cancelled": "response.incomplete",
 }
+
+
+SERVER_LABEL = "turnwire"
+"""The ``server_label`` of the ``mcp_call`` items of the calls the sidecar runs."""
+
+
+@dataclass
+class _HeldCall:
+    """A tool call not shown yet: whether it is one the sidecar runs (its result comes: an
+    ``mcp_call`` item) or a client tool's (the turn ends without one: a ``function_call`` item) is
+    known only then, and the events must be a pure function of the log (sequence numbers are
+    resume cursors), so both come out the same on every read."""
+
+    name: str
+    arguments: str = ""
+    complete: bool = False
 
 
 def usage_of(usage: Any) -> dict[str, Any]:
@@ -109,7 +129,8 @@ class ResponseLog:
             self.response.update(echo)
         self.next_sequence_number = 0
         self.ended = False
-        self._open: dict[str, int] = {}  # text/reasoning block id or tool call id → output index
+        self._open: dict[str, int] = {}  # text/reasoning block id → output index
+        self._held: dict[str, _HeldCall] = {}  # tool call id → a call whose kind is not known yet
         self._finish_length = False
         self._completed_at = completed_at
         self._usage_known = usage_known
@@ -219,46 +240,82 @@ class ResponseLog:
         if index is not None:
             self._done_item(index, out)
 
-    def _call_item(self, call_id: str, name: str, out: list[dict[str, Any]]) -> int:
-        index = self._open.get(call_id)
-        if index is None:
+    def _hold(self, call_id: str, name: str) -> _HeldCall:
+        """The held call ``call_id`` (see :class:`_HeldCall`), made when it is new."""
+        held = self._held.get(call_id)
+        if held is None:
+            held = self._held[call_id] = _HeldCall(name)
+        return held
+
+    def _server_call(
+        self, call_id: str, name: str, out: list[dict[str, Any]], *, output: str | None, error: str | None
+    ) -> None:
+        """A call the sidecar ran (its result came): OpenAI's ``mcp_call`` item, a tool the server
+        ran, with its arguments and its ``output`` or ``error``, opened and done at once."""
+        held = self._held.pop(call_id, None) or _HeldCall(name)
+        item: dict[str, Any] = {
+            "id": self._item_id("mcp"),
+            "type": "mcp_call",
+            "server_label": SERVER_LABEL,
+            "name": held.name or name,
+            "arguments": held.arguments or "{}",
+            "output": None,
+            "error": None,
+            "status": "in_progress",
+        }
+        index = self._add_item(None, item, out)
+        self._event("response.mcp_call.in_progress", out, item_id=item["id"], output_index=index)
+        self._event(
+            "response.mcp_call_arguments.done",
+            out,
+            item_id=item["id"],
+            output_index=index,
+            arguments=item["arguments"],
+        )
+        if error is None:
+            item["output"], item["status"] = output, "completed"
+            self._event("response.mcp_call.completed", out, item_id=item["id"], output_index=index)
+        else:
+            item["error"] = {"type": "mcp_tool_execution_error", "content": [{"type": "text", "text": error}]}
+            item["status"] = "failed"
+            self._event("response.mcp_call.failed", out, item_id=item["id"], output_index=index)
+        self._event("response.output_item.done", out, output_index=index, item=_copy(item))
+
+    def _release_held(self, out: list[dict[str, Any]], *, ended_well: bool) -> None:
+        """The held calls no result came for, as ``function_call`` items in the order they began:
+        a client tool's call the caller answers with ``function_call_output`` (``completed``), or,
+        when the turn did not end well (cancelled, failed) or a new attempt replaced its step, a
+        call cut off (``incomplete``)."""
+        for call_id, held in self._held.items():
             item = {
                 "id": self._item_id("fc"),
                 "type": "function_call",
                 "call_id": call_id,
-                "name": name,
+                "name": held.name,
                 "arguments": "",
                 "status": "in_progress",
             }
-            index = self._add_item(call_id, item, out)
-        return index
-
-    def _call_done(self, call_id: str, name: str, arguments: str, out: list[dict[str, Any]]) -> None:
-        index = self._call_item(call_id, name, out)
-        del self._open[call_id]
-        item = self.response["output"][index]
-        item["arguments"] = arguments
-        self._event(
-            "response.function_call_arguments.done",
-            out,
-            item_id=item["id"],
-            output_index=index,
-            name=item["name"],
-            arguments=arguments,
-        )
-        self._done_item(index, out)
-
-    def _call_output(self, call_id: str, name: str, output: str, out: list[dict[str, Any]]) -> None:
-        item = {
-            "id": self._item_id("fco"),
-            "type": "function_call_output",
-            "call_id": call_id,
-            "name": name or None,
-            "output": output,
-            "status": "completed",
-        }
-        index = self._add_item(None, item, out)
-        self._event("response.output_item.done", out, output_index=index, item=_copy(item))
+            index = self._add_item(None, item, out)
+            if held.arguments:
+                self._event(
+                    "response.function_call_arguments.delta",
+                    out,
+                    item_id=item["id"],
+                    output_index=index,
+                    delta=held.arguments,
+                )
+            item["arguments"] = held.arguments
+            self._event(
+                "response.function_call_arguments.done",
+                out,
+                item_id=item["id"],
+                output_index=index,
+                name=held.name,
+                arguments=held.arguments,
+            )
+            status = "completed" if ended_well and held.complete else "incomplete"
+            self._done_item(index, out, status=status)
+        self._held.clear()
 
     # -- the turn's events ----------------------------------------------------------------------
 
@@ -288,42 +345,42 @@ class ResponseLog:
         elif kind == "reasoning_end":
             self._block_end(f"r:{event.reasoning_end.id}", out)
         elif kind == "tool_input_start":
-            self._call_item(event.tool_input_start.tool_call_id, event.tool_input_start.tool_name, out)
+            self._hold(event.tool_input_start.tool_call_id, event.tool_input_start.tool_name)
         elif kind == "tool_input_delta":
-            delta = event.tool_input_delta
-            index = self._open.get(delta.tool_call_id)
-            if index is not None:
-                item = self.response["output"][index]
-                item["arguments"] += delta.input_text_delta
-                self._event(
-                    "response.function_call_arguments.delta",
-                    out,
-                    item_id=item["id"],
-                    output_index=index,
-                    delta=delta.input_text_delta,
-                )
+            if (held := self._held.get(event.tool_input_delta.tool_call_id)) is not None:
+                held.arguments += event.tool_input_delta.input_text_delta
         elif kind == "tool_input_available":
             available = event.tool_input_available
-            self._call_done(available.tool_call_id, available.tool_name, available.input_json or "{}", out)
+            held = self._hold(available.tool_call_id, available.tool_name)
+            held.arguments, held.complete = available.input_json or "{}", True
         elif kind == "tool_input_error":
             failed = event.tool_input_error
-            self._call_done(failed.tool_call_id, failed.tool_name, failed.raw_input, out)
-            self._call_output(failed.tool_call_id, failed.tool_name, failed.error_text, out)
+            self._hold(failed.tool_call_id, failed.tool_name).arguments = failed.raw_input
+            self._server_call(
+                failed.tool_call_id, failed.tool_name, out, output=None, error=failed.error_text
+            )
         elif kind == "tool_output_available" and not event.tool_output_available.preliminary:
             result = event.tool_output_available
-            self._call_output(result.tool_call_id, result.tool_name, result.output_json, out)
+            self._server_call(
+                result.tool_call_id, result.tool_name, out, output=result.output_json, error=None
+            )
         elif kind == "tool_output_error":
-            self._call_output(
-                event.tool_output_error.tool_call_id,
-                event.tool_output_error.tool_name,
-                event.tool_output_error.error_text,
+            failed_call = event.tool_output_error
+            self._server_call(
+                failed_call.tool_call_id,
+                failed_call.tool_name,
                 out,
+                output=None,
+                error=failed_call.error_text,
             )
         elif kind == "tool_output_denied":
             denied = event.tool_output_denied
-            self._call_output(denied.tool_call_id, denied.tool_name, denied.reason or "denied", out)
+            self._server_call(
+                denied.tool_call_id, denied.tool_name, out, output=None, error=denied.reason or "denied"
+            )
         elif kind == "attempt_start":
             self._close_open(out)
+            self._release_held(out, ended_well=False)
         elif kind == "step_finish":
             self._finish_length = event.step_finish.finish_reason == event_pb2.FINISH_REASON_LENGTH
         elif kind == "turn_end":
@@ -336,6 +393,7 @@ class ResponseLog:
             self._event("response.created", out, response=self.snapshot())
         status = _STATUS.get(end.status, "failed")
         self._close_open(out)
+        self._release_held(out, ended_well=status == "completed")
         if status == "completed" and self._finish_length:
             status = "incomplete"
             self.response["incomplete_details"] = {"reason": "max_output_tokens"}
