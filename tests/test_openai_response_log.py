@@ -15,7 +15,7 @@ from pydantic import TypeAdapter
 from support.event_logs import RESTARTED_STEP, SERVER_TOOL_TURN, turn_events
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.http.openai_request import RequestProblem, parse_request, turn_input
+from turnwire_server.http.openai_request import RequestProblem, parse_request, referenced_response, turn_input
 from turnwire_server.http.openai_response_log import ResponseLog
 
 EVENT = TypeAdapter(ResponseStreamEvent)
@@ -182,3 +182,21 @@ def test_a_body_maps_to_messages_tools_and_hooks() -> None:
         parse_request(b'{"input": [{"type": "function_call_output", "call_id": "c", "output": "sunny"}]}')
     )
     assert plain.results[0].output_json == '"sunny"'  # not JSON: stored as a JSON string
+
+
+def test_a_history_of_item_references_continues_the_response_of_the_last() -> None:
+    """The AI SDK's OpenAI provider sends the earlier steps of its history as ``item_reference``
+    items: the last one of this door's items names the response to continue, the input after it
+    is new; with a conversation or previous response named, or ids no response of this door made,
+    nothing is inferred."""
+    body = (
+        b'{"input": [{"role": "user", "content": "hi"}, {"type": "item_reference", "id": "msg_resp-a_0"},'
+        b' {"type": "item_reference", "id": "fc_chatcmpl-b.1_2"},'
+        b' {"type": "function_call_output", "call_id": "c", "output": "1"}]}'
+    )
+    assert referenced_response(parse_request(body)) == ("chatcmpl-b.1", 3)
+    assert turn_input(parse_request(body), 3).results[0].tool_call_id == "c"
+    named = body.replace(b'{"input"', b'{"conversation": "x", "input"')
+    assert referenced_response(parse_request(named)) is None
+    foreign = b'{"input": [{"type": "item_reference", "id": "msg_abc"}, {"role": "user", "content": "x"}]}'
+    assert referenced_response(parse_request(foreign)) is None

@@ -660,3 +660,16 @@ async def test_the_ai_sdk_openai_provider_sees_the_sidecars_tools_as_run(sidecar
         "calls": [{"name": "get_location", "input": {"precision": "city"}}],
         "results": [{"city": "Paris"}],
     }
+    # The SDK's tool loop and a history of messages refer to the door's items (item_reference):
+    # they continue the stored response's conversation. Before, the loop's second step was refused
+    # (400, "send function_call_output items without new messages") and a history lost its replies.
+    loop = seen["loop"]
+    assert loop["steps"] == 2 and loop["text"] == "You are in Paris.", loop
+    assert loop["conversations"][0] is not None and loop["conversations"] == [loop["conversations"][0]] * 2
+    async with TurnwireClient(sidecar.target, token=TOKEN_A) as grpc_a:
+        stored = await grpc_a.get_conversation(loop["conversations"][0])
+    call = next(p.tool_call for m in stored.messages for p in m.parts if p.HasField("tool_call"))
+    assert json.loads(call.output_json) == {"city": "Paris"}
+    history = seen["history"]
+    assert history["text"] == "You are in Paris."
+    assert history["conversations"][0] == history["conversations"][1], history

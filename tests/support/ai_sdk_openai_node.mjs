@@ -42,4 +42,32 @@ seen.client = {
   calls: asked.toolCalls.map((call) => ({ name: call.toolName, input: call.input })),
   results: asked.toolResults.map((result) => result.output),
 };
+// The SDK's own tool loop: it runs get_location and sends the result back with the history,
+// which refers to the door's items by id (item_reference); the next step (another script, as a
+// scripted continuation starts its script again) answers.
+const looped = await generateText({
+  model: openai('scripted:locate'),
+  prompt: 'Where am I?',
+  tools: { get_location: getLocation },
+  stopWhen: stepCountIs(3),
+  prepareStep: ({ stepNumber }) => (stepNumber > 0 ? { model: openai('scripted:thanks') } : {}),
+  maxRetries: 0,
+});
+seen.loop = {
+  steps: looped.steps.length,
+  text: looped.text,
+  conversations: looped.steps.map((step) => step.response.body?.conversation?.id ?? null),
+};
+
+// A conversation kept as messages: the reply of the first call is in the second's history.
+const first = await generateText({ model: openai('scripted:echo'), prompt: 'hi', maxRetries: 0 });
+const second = await generateText({
+  model: openai('scripted:thanks'),
+  messages: [{ role: 'user', content: 'hi' }, ...first.response.messages, { role: 'user', content: 'and now?' }],
+  maxRetries: 0,
+});
+seen.history = {
+  text: second.text,
+  conversations: [first.response.body?.conversation?.id, second.response.body?.conversation?.id],
+};
 process.stdout.write(JSON.stringify(seen));

@@ -41,7 +41,13 @@ from turnwire_client.v1 import chat_service_pb2, message_pb2
 from turnwire_server.engine.ids import assistant_message_id
 from turnwire_server.http.calls import CallEnded, DoorCallInfo, InProcessCalls, metadata_of
 from turnwire_server.http.openai_errors import bad_request, ended_error, ended_response, error_response
-from turnwire_server.http.openai_request import RequestProblem, TurnInput, parse_request, turn_input
+from turnwire_server.http.openai_request import (
+    RequestProblem,
+    TurnInput,
+    parse_request,
+    referenced_response,
+    turn_input,
+)
 from turnwire_server.http.openai_response_log import ResponseLog, stored_events, stored_log
 
 _SERVICE = "/turnwire.v1.ChatService/"
@@ -120,7 +126,16 @@ class ResponsesDoor:
             return raw
         try:
             parsed = parse_request(raw)
-            turn = turn_input(parsed)
+            referenced = referenced_response(parsed)
+            if referenced is not None:  # the input's history is a stored response's: continue it
+                parsed.previous_response_id, start = referenced
+                if start == len(parsed.input):
+                    raise RequestProblem(
+                        "input: nothing after its last item_reference (the stored history): send "
+                        "a message or function_call_output items",
+                        "input",
+                    )
+            turn = turn_input(parsed, referenced[1] if referenced else 0)
         except RequestProblem as problem:
             return bad_request(problem.message, problem.param)
         call = call_info(request)

@@ -14,6 +14,7 @@ stores and are skipped. Other content (images, files, audio) is refused: this do
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -191,8 +192,31 @@ def _client_tool(tool: dict[str, Any], where: str) -> chat_service_pb2.ClientToo
     return offered
 
 
-def turn_input(request: ResponsesRequest) -> TurnInput:
-    """The Turnwire input of ``request`` (see the module docstring); raises :class:`RequestProblem`."""
+_ITEM_ID = re.compile(r"(?:msg|rs|fc|mcp)_([A-Za-z0-9.:-]+)_[0-9]+")
+"""An output item id this door made (``msg_<response id>_<index>``: openai_response_log.py);
+response ids hold no ``_`` (docs/guarantees.md, "Ids never collide")."""
+
+
+def referenced_response(request: ResponsesRequest) -> tuple[str, int] | None:
+    """For a request naming neither a conversation nor a previous response whose ``input`` refers
+    to this door's output items (``item_reference``, as the AI SDK's OpenAI provider sends the
+    earlier steps and replies of its history): the response of the last such item and the index
+    of the input after it. The items up to there are that response's conversation, stored; what
+    follows is the new input, so the request continues that response as ``previous_response_id``
+    would. None for any other request."""
+    if request.conversation_id or request.previous_response_id or isinstance(request.input, str):
+        return None
+    found: tuple[str, int] | None = None
+    for index, item in enumerate(request.input):
+        reference = item.get("id") if item.get("type") == "item_reference" else None
+        if isinstance(reference, str) and (matched := _ITEM_ID.fullmatch(reference)) is not None:
+            found = (matched.group(1), index + 1)
+    return found
+
+
+def turn_input(request: ResponsesRequest, start: int = 0) -> TurnInput:
+    """The Turnwire input of ``request`` (see the module docstring), from input item ``start`` on
+    (:func:`referenced_response`); raises :class:`RequestProblem`."""
     messages: list[message_pb2.Message] = []
     results: list[chat_service_pb2.ToolResult] = []
     sources: list[str] = []  # the request parameter of each message
@@ -205,7 +229,7 @@ def turn_input(request: ResponsesRequest) -> TurnInput:
             messages.append(_text_message(message_pb2.ROLE_USER, request.input))
             sources.append("input")
     else:
-        for index, item in enumerate(request.input):
+        for index, item in enumerate(request.input[start:], start):
             where = f"input[{index}]"
             kind = item.get("type", "message")
             if kind == "message":
@@ -265,4 +289,12 @@ def item_params(sources: Sequence[str], result_sources: Sequence[str] = ()) -> d
     return params
 
 
-__all__ = ["RequestProblem", "ResponsesRequest", "TurnInput", "item_params", "parse_request", "turn_input"]
+__all__ = [
+    "RequestProblem",
+    "ResponsesRequest",
+    "TurnInput",
+    "item_params",
+    "parse_request",
+    "referenced_response",
+    "turn_input",
+]
