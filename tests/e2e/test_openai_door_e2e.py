@@ -459,6 +459,17 @@ async def test_an_oversized_message_names_the_request_param_it_came_in(client: o
     assert await param_of(client.chat.completions.create(messages=answered, model="")) == "messages[3]"
 
 
+async def test_chat_completions_refuse_more_than_one_choice(client: openai.AsyncOpenAI) -> None:
+    """``n`` above 1 is refused naming ``n``. Before, it was dropped: ``n=2`` answered one choice,
+    so code reading ``choices[1]`` failed far from the cause."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.chat.completions.create(model="", n=2, messages=[{"role": "user", "content": "hi"}])
+    assert isinstance(refused.value.body, dict)
+    assert (refused.value.body["param"], refused.value.body["code"]) == ("n", "unsupported_value")
+    one = await client.chat.completions.create(model="", n=1, messages=[{"role": "user", "content": "hi"}])
+    assert len(one.choices) == 1
+
+
 async def test_hooks_see_the_request_fields_they_are_handed(client: openai.AsyncOpenAI) -> None:
     """``metadata`` reaches ``before_turn`` in ``body``; the hook's choice of model is the one used."""
     response = await client.responses.create(

@@ -325,6 +325,14 @@ class ChatCompletionsDoor:
             return bad_request(f"the body is not JSON: {error}", None)
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
             return bad_request("messages: a non-empty list of messages", "messages")
+        if body.get("n") not in (None, 1):
+            # One turn makes one reply: n choices would be n turns, each stored and billed.
+            return bad_request(
+                f"n: this door answers one choice per request (a turn makes one reply); got {body['n']!r}: "
+                "send n requests for n choices",
+                "n",
+                "unsupported_value",
+            )
         named = body.get("conversation")
         if named is not None and not isinstance(named, str):
             return bad_request("conversation: a Turnwire conversation id (a string)", "conversation")
