@@ -459,6 +459,27 @@ async def test_an_oversized_message_names_the_request_param_it_came_in(client: o
     assert await param_of(client.chat.completions.create(messages=answered, model="")) == "messages[3]"
 
 
+async def test_an_endpoint_the_door_does_not_serve_says_so(client: openai.AsyncOpenAI) -> None:
+    """``models.list``, ``input_items.list``, ``responses.delete`` … answer OpenAI's error body naming
+    what is served. Before, a plain-text ``Not Found`` (``Method Not Allowed`` for a delete), which
+    the SDKs show as ``Error code: 404`` and nothing else."""
+    calls = [
+        client.models.list(),
+        client.responses.input_items.list("resp-x"),
+        client.responses.delete("resp-x"),
+        client.embeddings.create(model="x", input="hi"),
+    ]
+    for call in calls:
+        with pytest.raises(openai.NotFoundError) as refused:
+            await call  # type: ignore[misc]
+        assert isinstance(refused.value.body, dict), refused.value.body
+        assert refused.value.body["code"] == "unknown_url"
+        assert "POST /v1/responses" in refused.value.body["message"]
+        assert "not served by this sidecar" in str(refused.value)
+    completion = await client.chat.completions.create(model="", messages=[{"role": "user", "content": "hi"}])
+    assert completion.choices  # the served routes still come first
+
+
 async def test_chat_completions_refuse_more_than_one_choice(client: openai.AsyncOpenAI) -> None:
     """``n`` above 1 is refused naming ``n``. Before, it was dropped: ``n=2`` answered one choice,
     so code reading ``choices[1]`` failed far from the cause."""
