@@ -49,6 +49,7 @@ from turnwire_server.http.openai_request import (
     turn_input,
 )
 from turnwire_server.http.openai_response_log import ResponseLog, stored_events, stored_log
+from turnwire_server.http.stored_turns import expired_in, stored_turn
 
 _SERVICE = "/turnwire.v1.ChatService/"
 _PARAMS = {"conversation_id": "conversation", "client_tools": "tools", "request_id": "response_id"}
@@ -232,8 +233,8 @@ class ResponsesDoor:
             conversation = str(first.event.conversation_id)  # type: ignore[attr-defined]
         except CallEnded as ended:
             # Past the event retention the stored conversation still holds the response.
-            expired_in = _expired_in(ended) if ended.code.name == "NOT_FOUND" else None
-            if expired_in is None:
+            stored_in = expired_in(ended)
+            if stored_in is None:
                 return error_response(
                     404 if ended.code.name == "NOT_FOUND" else 400,
                     f"previous_response_id: no response {response_id!r}",
@@ -241,7 +242,7 @@ class ResponsesDoor:
                     "previous_response_id",
                     "previous_response_not_found",
                 )
-            conversation = expired_in
+            conversation = stored_in
         finally:
             await replay.aclose()  # type: ignore[attr-defined]
         own = assistant_message_id(response_id)
@@ -348,7 +349,7 @@ class ResponsesDoor:
             await replay.aclose()  # type: ignore[attr-defined]
             if ended.code.name != "NOT_FOUND":
                 return ended_response(ended, param_names=_PARAMS)
-            conversation = _expired_in(ended)
+            conversation = expired_in(ended)
             if conversation is not None and after < 0:
                 stored = await self._stored(response_id, conversation, call, stream=stream)
                 if stored is not None:
@@ -369,17 +370,18 @@ class ResponsesDoor:
         self, response_id: str, conversation: str, call: DoorCallInfo, *, stream: bool
     ) -> Response | None:
         """The Response of turn ``response_id`` of ``conversation`` whose events are past their
-        retention, made from its record (``ListTurns``) and its stored reply (``GetConversation``):
-        the reply outlives the events, so the response stays readable as long as the conversation
-        is stored (:func:`~turnwire_server.http.openai_response_log.stored_events`; ``stream``: as
-        events, numbered afresh). None when the conversation no longer holds the turn."""
+        retention, made from its record and its stored reply
+        (:func:`~turnwire_server.http.stored_turns.stored_turn`): the reply outlives the events, so
+        the response stays readable as long as the conversation is stored
+        (:func:`~turnwire_server.http.openai_response_log.stored_events`; ``stream``: as events,
+        numbered afresh). None when the conversation no longer holds the turn."""
         try:
-            turn = await self._stored_turn(response_id, conversation, call)
-            if turn is None:
-                return None
-            reply = await self._stored_message(conversation, turn.assistant_message_id, call)
+            found = await stored_turn(self.calls, response_id, conversation, call)
         except CallEnded as ended:
             return ended_response(ended, param_names=_PARAMS)
+        if found is None:
+            return None
+        turn, reply = found
         log = stored_log(turn)
         events = stored_events(turn, reply)
         if not stream:
@@ -392,46 +394,6 @@ class ResponsesDoor:
                 yield chat_service_pb2.ResumeTurnResponse(event=event)
 
         return await self._answer(replayed(), log, stream=True)
-
-    async def _stored_turn(
-        self, response_id: str, conversation: str, call: DoorCallInfo
-    ) -> chat_service_pb2.Turn | None:
-        """Turn ``response_id``'s record in ``conversation`` (``ListTurns``), None when it has none."""
-        token = ""
-        while True:
-            page = await self.calls.unary(
-                _SERVICE + "ListTurns",
-                chat_service_pb2.ListTurnsRequest(
-                    conversation_id=conversation, page_size=1000, page_token=token
-                ),
-                call,
-            )
-            for turn in page.turns:  # type: ignore[attr-defined]
-                if turn.request_id == response_id:
-                    found: chat_service_pb2.Turn = turn
-                    return found
-            token = page.next_page_token  # type: ignore[attr-defined]
-            if not token:
-                return None
-
-    async def _stored_message(
-        self, conversation: str, message_id: str, call: DoorCallInfo
-    ) -> message_pb2.Message | None:
-        """Message ``message_id`` of ``conversation`` (``GetConversation``), None when it has none."""
-        token = ""
-        while True:
-            page = await self.calls.unary(
-                _SERVICE + "GetConversation",
-                chat_service_pb2.GetConversationRequest(conversation_id=conversation, page_token=token),
-                call,
-            )
-            for message in page.conversation.messages:  # type: ignore[attr-defined]
-                if message.id == message_id:
-                    found: message_pb2.Message = message
-                    return found
-            token = page.next_page_token  # type: ignore[attr-defined]
-            if not token:
-                return None
 
     async def _pending_submission(self, response_id: str, call: DoorCallInfo) -> Response | None:
         """The Response of submission ``response_id`` when it is queued or was cancelled before it
@@ -513,15 +475,6 @@ class ResponsesDoor:
             except CallEnded as refused:
                 return ended_response(refused, param_names=_PARAMS)
         return await self._read(response_id, call, stream=False)
-
-
-def _expired_in(ended: CallEnded) -> str | None:
-    """The conversation that stores the turn whose events ``ResumeTurn``'s NOT_FOUND says are past
-    their retention (its ``google.rpc.ErrorInfo`` metadata); None for any other NOT_FOUND."""
-    info = ended.error_info()
-    if info is None or info.metadata.get("expired") != "true":
-        return None
-    return info.metadata.get("conversation_id") or None
 
 
 def _events_expired(ended: CallEnded) -> bool:
