@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,7 @@ SCRIPTS = {
         {"text": "partial ", "error": {"message": "the model is down", "status": 400, "after_chunks": 1}}
     ],
     "slow": [endless_step("".join(f"w{i} " for i in range(30)), 30)],
+    "paced": [{"text": "one two three four five six", "chunk_size": 4, "delay_ms": 300}],
 }
 
 
@@ -478,6 +480,49 @@ async def test_an_endpoint_the_door_does_not_serve_says_so(client: openai.AsyncO
         assert "not served by this sidecar" in str(refused.value)
     completion = await client.chat.completions.create(model="", messages=[{"role": "user", "content": "hi"}])
     assert completion.choices  # the served routes still come first
+
+
+async def test_an_idempotency_key_makes_the_sdks_retries_one_response(
+    sidecar: SidecarProcess, grpc_a: TurnwireClient
+) -> None:
+    """The SDK sends a request again when it times out (twice by default), and the sidecar cannot
+    tell a retry from a new request: each ran a turn of its own, storing the question again and
+    calling the model again (three turns for one call). With ``Idempotency-Key`` (kept by the SDK's
+    retries) every request of a key answers the one response the first started."""
+    sent: list[str | None] = []
+
+    async def count(request: Any) -> None:
+        sent.append(request.headers.get("idempotency-key"))
+
+    key = f"key-{uuid.uuid4().hex}"
+    hasty = openai.AsyncOpenAI(
+        base_url=f"{http_base(sidecar)}/v1",
+        api_key=TOKEN_A,
+        timeout=0.5,
+        max_retries=2,
+        http_client=openai.DefaultAsyncHttpxClient(event_hooks={"request": [count]}),
+    )
+    async with hasty:  # the turn takes 2 s: the first request times out, a retry gets the answer
+        response = await hasty.responses.create(
+            model="scripted:paced",
+            input="hi",
+            conversation="oa-keyed",
+            extra_headers={"Idempotency-Key": key},
+        )
+    assert len(sent) >= 2 and set(sent) == {key}, sent  # retried, with the key
+    assert response.status == "completed" and response.output_text == "one two three four five six"
+    stored = await grpc_a.get_conversation("oa-keyed")
+    assert [m.role for m in stored.messages] == [message_pb2.ROLE_USER, message_pb2.ROLE_ASSISTANT]
+    assert stored.messages[1].id == f"tw-a-{response.id}"
+    async with openai_client(sidecar) as client:  # sent again later: the same response, not run again
+        again = await client.responses.create(
+            model="scripted:paced",
+            input="hi",
+            conversation="oa-keyed",
+            extra_headers={"Idempotency-Key": key},
+        )
+    assert again.id == response.id and again.output_text == response.output_text
+    assert len((await grpc_a.get_conversation("oa-keyed")).messages) == 2  # still ran once
 
 
 async def test_chat_completions_refuse_more_than_one_choice(client: openai.AsyncOpenAI) -> None:

@@ -24,6 +24,7 @@ response there; an older one continues a fork of that conversation made at that 
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -140,6 +141,10 @@ class ResponsesDoor:
         except RequestProblem as problem:
             return bad_request(problem.message, problem.param)
         call = call_info(request)
+        key = request.headers.get("idempotency-key")
+        response_id = _keyed_id(key) if key else f"resp-{uuid.uuid4().hex}"
+        if key and await self._exists(response_id, call):  # a retry: the first request's response
+            return await self._read(response_id, call, stream=bool(parsed.stream))
         if parsed.conversation_id and parsed.previous_response_id:
             return bad_request(
                 "conversation and previous_response_id cannot both be given: name one",
@@ -152,17 +157,60 @@ class ResponsesDoor:
             if isinstance(found, Response):
                 return found
             conversation = found
-        conversation = conversation or f"conv-{uuid.uuid4().hex}"
+        conversation = conversation or "conv-" + response_id.removeprefix("resp-")
+        for index, stored in enumerate(turn.messages if key else ()):  # a retry stores them once
+            stored.id = stored.id or f"{response_id}.m{index}"
         echo = turn.echo | {"background": bool(parsed.background)}
         if parsed.background:
             return await self._submit(
-                conversation, parsed.model or "", turn, echo, call, stream=bool(parsed.stream)
+                conversation,
+                parsed.model or "",
+                turn,
+                echo,
+                call,
+                stream=bool(parsed.stream),
+                submission_id=response_id,
             )
-        response_id = f"resp-{uuid.uuid4().hex}"
         method, message = self._turn_request(conversation, response_id, parsed.model or "", turn)
         events = self.calls.stream(_SERVICE + method, message, call)
+        if key:
+            try:
+                first = await anext(events)
+            except CallEnded as ended:
+                await events.aclose()  # type: ignore[attr-defined]
+                if ended.code.name != "ALREADY_EXISTS":
+                    return ended_response(ended, param_names=_PARAMS | turn.params)
+                # The same key sent at once twice: the other request started it; follow it.
+                return await self._read(response_id, call, stream=bool(parsed.stream))
+            events = _after(first, events)
         log = ResponseLog(response_id, echo=echo)
         return await self._answer(events, log, stream=bool(parsed.stream), params=_PARAMS | turn.params)
+
+    async def _exists(self, response_id: str, call: DoorCallInfo) -> bool:
+        """Whether a response (a turn, or a submission) ``response_id`` exists, its events past
+        their retention included."""
+        replay = self.calls.stream(
+            _SERVICE + "ResumeTurn", chat_service_pb2.ResumeTurnRequest(request_id=response_id), call
+        )
+        try:
+            await anext(replay)
+            return True
+        except CallEnded as ended:
+            if ended.code.name != "NOT_FOUND" or expired_in(ended) is not None:
+                return True
+        except StopAsyncIteration:
+            return True
+        finally:
+            await replay.aclose()  # type: ignore[attr-defined]
+        try:
+            await self.calls.unary(
+                _SERVICE + "GetSubmission",
+                chat_service_pb2.GetSubmissionRequest(submission_id=response_id),
+                call,
+            )
+        except CallEnded:
+            return False
+        return True
 
     def _turn_request(
         self, conversation: str, response_id: str, model: str, turn: TurnInput
@@ -191,6 +239,7 @@ class ResponsesDoor:
         call: DoorCallInfo,
         *,
         stream: bool,
+        submission_id: str,
     ) -> Response:
         if turn.results:
             return bad_request(
@@ -198,7 +247,6 @@ class ResponsesDoor:
                 "send them without background",
                 "background",
             )
-        submission_id = f"resp-{uuid.uuid4().hex}"
         submit = chat_service_pb2.SubmitMessagesRequest(
             conversation_id=conversation,
             messages=turn.messages,
@@ -475,6 +523,22 @@ class ResponsesDoor:
             except CallEnded as refused:
                 return ended_response(refused, param_names=_PARAMS)
         return await self._read(response_id, call, stream=False)
+
+
+def _keyed_id(key: str) -> str:
+    """The response id of the requests sent with ``Idempotency-Key: key``: the same for every
+    retry, so they answer one response (docs/api/openai.md#retries-and-idempotency-keys)."""
+    return "resp-" + hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+async def _after(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """``first``, then ``rest``'s items; closing it closes ``rest``."""
+    try:
+        yield first
+        async for item in rest:
+            yield item
+    finally:
+        await rest.aclose()  # type: ignore[attr-defined]
 
 
 def _events_expired(ended: CallEnded) -> bool:
