@@ -15,7 +15,7 @@ from pydantic import TypeAdapter
 from support.event_logs import RESTARTED_STEP, SERVER_TOOL_TURN, turn_events
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.http.openai_request import RequestProblem, parse_request, turn_input
+from turnwire_server.http.openai_request import RequestProblem, parse_request, referenced_response, turn_input
 from turnwire_server.http.openai_response_log import ResponseLog
 
 EVENT = TypeAdapter(ResponseStreamEvent)
@@ -40,21 +40,72 @@ def test_a_tool_turn_reads_as_openai_events() -> None:
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     kinds = [e["type"] for e in events]
     assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
-    assert kinds.count("response.function_call_arguments.delta") == 2
+    assert "response.mcp_call.completed" in kinds and "response.function_call_arguments.delta" not in kinds
     response = Response.model_validate(log.snapshot())
-    assert [item.type for item in response.output] == [
-        "reasoning",
-        "message",
-        "function_call",
-        "function_call_output",
-        "message",
-    ]
+    assert [item.type for item in response.output] == ["reasoning", "message", "mcp_call", "message"]
     assert response.output_text == "Let me check.42."
     assert response.usage is not None and response.usage.total_tokens == 16
     assert response.conversation is not None and response.conversation.id == "c"
     added = [e["output_index"] for e in events if e["type"] == "response.output_item.added"]
     done = [e["output_index"] for e in events if e["type"] == "response.output_item.done"]
-    assert added == done == [0, 1, 2, 3, 4]  # every item opened is closed, in order
+    assert added == done == [0, 1, 2, 3]  # every item opened is closed, in order
+
+
+def test_a_call_the_sidecar_ran_is_an_mcp_call_and_a_client_call_a_function_call() -> None:
+    """A call of the sidecar's own tools is OpenAI's ``mcp_call`` (a tool the server ran, with its
+    output), a client tool's call a ``function_call`` for the caller to answer. Before, a server
+    tool's call was a ``function_call`` followed by a ``function_call_output`` item, which is no
+    Responses output item: the AI SDK refused the whole Response ("Invalid JSON response") and,
+    streamed, took the call for one it had to run (``NoSuchToolError``, finish ``tool-calls``)."""
+    events, log = translate(TOOL_TURN)
+    call = next(item for item in log.response["output"] if item["type"] == "mcp_call")
+    assert {k: call[k] for k in ("name", "arguments", "output", "error", "status", "server_label")} == {
+        "name": "calculator",
+        "arguments": '{"expression":"6*7"}',
+        "output": '{"result":42}',
+        "error": None,
+        "status": "completed",
+        "server_label": "turnwire",
+    }
+    kinds = [e["type"] for e in events if "mcp" in e["type"] or e.get("item", {}).get("type") == "mcp_call"]
+    assert kinds == [
+        "response.output_item.added",
+        "response.mcp_call.in_progress",
+        "response.mcp_call_arguments.done",
+        "response.mcp_call.completed",
+        "response.output_item.done",
+    ]
+    client_call = [
+        {"turn_start": {"message_id": "tw-a-r1", "model": "scripted:x"}},
+        {"tool_input_start": {"tool_call_id": "c9", "tool_name": "get_location"}},
+        {"tool_input_delta": {"tool_call_id": "c9", "input_text_delta": '{"precision":'}},
+        {
+            "tool_input_available": {
+                "tool_call_id": "c9",
+                "tool_name": "get_location",
+                "input_json": '{"precision":1}',
+            }
+        },
+        {
+            "tool_output_error": {
+                "tool_call_id": "c8",
+                "tool_name": "get_weather",
+                "error_text": "no such city",
+            }
+        },
+        {"step_finish": {"finish_reason": "FINISH_REASON_TOOL_CALLS"}},
+        {"turn_end": {"status": "TURN_STATUS_COMPLETED"}},
+    ]
+    events, log = translate(client_call)
+    for event in events:
+        EVENT.validate_python(event)
+    response = Response.model_validate(log.snapshot())
+    assert [item.type for item in response.output] == ["mcp_call", "function_call"]
+    failed, asked = log.response["output"]
+    assert failed["status"] == "failed" and failed["error"]["content"][0]["text"] == "no such city"
+    assert (asked["call_id"], asked["arguments"], asked["status"]) == ("c9", '{"precision":1}', "completed")
+    deltas = [e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta"]
+    assert deltas == ['{"precision":1}']
 
 
 def test_the_same_log_gives_the_same_events() -> None:
@@ -131,3 +182,21 @@ def test_a_body_maps_to_messages_tools_and_hooks() -> None:
         parse_request(b'{"input": [{"type": "function_call_output", "call_id": "c", "output": "sunny"}]}')
     )
     assert plain.results[0].output_json == '"sunny"'  # not JSON: stored as a JSON string
+
+
+def test_a_history_of_item_references_continues_the_response_of_the_last() -> None:
+    """The AI SDK's OpenAI provider sends the earlier steps of its history as ``item_reference``
+    items: the last one of this door's items names the response to continue, the input after it
+    is new; with a conversation or previous response named, or ids no response of this door made,
+    nothing is inferred."""
+    body = (
+        b'{"input": [{"role": "user", "content": "hi"}, {"type": "item_reference", "id": "msg_resp-a_0"},'
+        b' {"type": "item_reference", "id": "fc_chatcmpl-b.1_2"},'
+        b' {"type": "function_call_output", "call_id": "c", "output": "1"}]}'
+    )
+    assert referenced_response(parse_request(body)) == ("chatcmpl-b.1", 3)
+    assert turn_input(parse_request(body), 3).results[0].tool_call_id == "c"
+    named = body.replace(b'{"input"', b'{"conversation": "x", "input"')
+    assert referenced_response(parse_request(named)) is None
+    foreign = b'{"input": [{"type": "item_reference", "id": "msg_abc"}, {"role": "user", "content": "x"}]}'
+    assert referenced_response(parse_request(foreign)) is None

@@ -24,7 +24,7 @@ import httpx2 as httpx
 import pytest
 from support.endless import endless_step, is_prefix_of_repeats
 from support.http_sidecar import http_base, http_sidecar_config
-from support.sidecar import SidecarProcess, running_sidecar
+from support.sidecar import SidecarFactory, SidecarProcess, running_sidecar
 from support.tokens import new_token
 from support.waiting import wait_until
 
@@ -364,3 +364,35 @@ async def test_bad_input_is_a_clear_4xx(sidecar: SidecarProcess) -> None:
         assert proto.status_code == 406 and "text/event-stream" in proto.json()["message"]
         not_json = await http.post(url_of(sidecar), headers=headers, content=b"{")
         assert not_json.status_code == 400 and "not JSON" in not_json.json()["message"]
+
+
+async def test_a_run_past_the_event_retention_reads_from_the_stored_thread(
+    sidecar_factory: SidecarFactory, tmp_path: Path
+) -> None:
+    """Re-attaching by ``runId`` to a run whose events are past ``durability.event_retention_seconds``
+    answers the run made from its stored reply, never running it again. Before, it answered the
+    ``RUN_ERROR`` of the refused start (the run exists) although the thread still stored it."""
+    config = http_sidecar_config(tmp_path, {TOKEN_A: ("alice", "tenant-a")}, SCRIPTS)
+    config["durability"] = {"event_retention_seconds": 0.5}
+    sidecar = await sidecar_factory(config).start()
+    run_id = f"old-{uuid.uuid4().hex[:8]}"
+    async with TurnwireClient(sidecar.target, token=TOKEN_A) as grpc_a:
+        stream = grpc_a.chat("ag-old", "go", request_id=run_id, model="scripted:calculate")
+        assert [e async for e in stream][-1].turn_end.status == event_pb2.TURN_STATUS_COMPLETED
+
+        async def expired() -> bool:
+            try:
+                async for _ in grpc_a.resume_turn(run_id):
+                    pass
+            except TurnwireError:
+                return True
+            return False
+
+        await wait_until(expired, timeout=10, what="the run's events to expire")
+        seen = await run_agent(sidecar, "ag-old", [{"runId": run_id, "text": "go"}])
+        run = seen["runs"][0]
+        assert "error" not in run, run
+        assert text_of(run) == "It is 42." and "TOOL_CALL_RESULT" in types(run)
+        assert run["events"][-1]["outcome"] == {"type": "success"}
+        stored = await grpc_a.get_conversation("ag-old")
+        assert [m.role for m in stored.messages] == [message_pb2.ROLE_USER, message_pb2.ROLE_ASSISTANT]

@@ -16,10 +16,12 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
@@ -32,12 +34,13 @@ from support.sidecar import SidecarFactory, SidecarProcess, running_sidecar
 from support.tokens import new_token
 from support.waiting import wait_until
 
-from turnwire_client import TurnwireClient
+from turnwire_client import TurnwireClient, TurnwireError
 from turnwire_client.v1 import message_pb2
 
 TOKEN_A = new_token()
 TOKEN_B = new_token()
 NODE_SCRIPT = Path(__file__).resolve().parents[1] / "support" / "openai_node.mjs"
+AI_SDK_SCRIPT = Path(__file__).resolve().parents[1] / "support" / "ai_sdk_openai_node.mjs"
 EVENT = TypeAdapter(ResponseStreamEvent)
 LOCATION_TOOL: FunctionToolParam = {
     "type": "function",
@@ -79,6 +82,7 @@ SCRIPTS = {
         {"text": "partial ", "error": {"message": "the model is down", "status": 400, "after_chunks": 1}}
     ],
     "slow": [endless_step("".join(f"w{i} " for i in range(30)), 30)],
+    "paced": [{"text": "one two three four five six", "chunk_size": 4, "delay_ms": 300}],
 }
 
 
@@ -196,8 +200,10 @@ async def test_the_sidecar_runs_its_own_tools_and_shows_them(client: openai.Asyn
         model="scripted:calculate", input="6 * 7?", conversation="oa-calc"
     )
     kinds = [item.type for item in response.output]
-    assert kinds == ["function_call", "function_call_output", "message"], kinds
-    assert "42" in str(response.output[1].to_dict()["output"])
+    assert kinds == ["mcp_call", "message"], kinds  # a tool the server ran, with its output
+    call = response.output[0].to_dict()
+    assert (call["name"], call["server_label"], call["status"]) == ("calculator", "turnwire", "completed")
+    assert "42" in str(call["output"]) and json.loads(str(call["arguments"])) == {"expression": "6 * 7"}
     assert response.output_text == "It is 42."
 
 
@@ -288,27 +294,107 @@ async def test_retrieving_an_unknown_response_says_no_such_response_exists(
     )
 
 
-async def test_retrieving_a_response_past_the_event_retention_says_so(
+async def test_a_response_past_the_event_retention_is_read_from_the_stored_conversation(
     sidecar_factory: SidecarFactory, tmp_path: Path
 ) -> None:
-    """A response whose turn ended longer ago than ``durability.event_retention_seconds`` exists:
-    its 404 says its events are gone and where the reply is, not that there is no such response."""
+    """A response whose turn ended longer ago than ``durability.event_retention_seconds`` is still
+    stored (its record, its reply in the conversation): it reads, streams, continues and cancels
+    as before its events were dropped. Before, every one of these answered 404 ("its events are
+    gone") an hour after the turn although the conversation kept the reply: ``retrieve``,
+    ``retrieve(stream=True)``, ``cancel``, a background response's ``retrieve``, a Chat
+    Completions turn's ``retrieve``, and ``previous_response_id`` (also for a client tool's
+    ``function_call_output``), so an app could not continue a conversation after an hour."""
     config = http_sidecar_config(tmp_path, {TOKEN_A: ("alice", "tenant-a")}, SCRIPTS)
     config["durability"] = {"event_retention_seconds": 0.5}
     sidecar = await sidecar_factory(config).start()
-    async with openai_client(sidecar) as client:
-        done = await client.responses.create(input="hi", conversation="oa-expiring")
+    async with openai_client(sidecar) as client, TurnwireClient(sidecar.target, token=TOKEN_A) as grpc_a:
+        echo = await client.responses.create(model="scripted:echo", input="hi", conversation="oa-old")
+        calc = await client.responses.create(
+            model="scripted:calculate", input="6*7?", conversation="oa-old-c"
+        )
+        located = await client.responses.create(
+            model="scripted:locate", input="Where am I?", tools=[LOCATION_TOOL], conversation="oa-old-t"
+        )
+        background = await client.responses.create(input="later", conversation="oa-old-b", background=True)
+        completion = await client.chat.completions.create(
+            model="scripted:thanks",
+            messages=[{"role": "user", "content": "hi"}],
+            extra_body={"conversation": "cc-old"},
+        )
+        await wait_until(
+            lambda: _ran(client, background.id), timeout=10, what="the background response to run"
+        )
+        ids = [echo.id, calc.id, located.id, background.id, completion.id]
 
-        async def refused() -> str | None:
-            try:
-                await client.responses.retrieve(done.id)
-            except openai.NotFoundError as error:
-                assert isinstance(error.body, dict)
-                return str(error.body["message"])
-            return None
+        async def expired() -> bool:
+            for response_id in ids:
+                try:
+                    async for _ in grpc_a.resume_turn(response_id):
+                        pass
+                except TurnwireError as error:
+                    assert error.code == grpc.StatusCode.NOT_FOUND, error
+                    continue
+                return False
+            return True
 
-        message = await wait_until(refused, timeout=10, what="the response's events to expire")
-    assert message is not None and "event_retention_seconds" in message and "GetConversation" in message
+        await wait_until(expired, timeout=10, what="the responses' events to expire")
+        with pytest.raises(TurnwireError) as gone:  # says where the reply is, in the caller's own ids
+            async for _ in grpc_a.resume_turn(echo.id):
+                pass
+        assert gone.value.error_metadata["conversation_id"] == "oa-old", gone.value.error_metadata
+        assert "GetConversation of conversation 'oa-old'" in gone.value.message, gone.value.message
+
+        read = await client.responses.retrieve(echo.id)
+        Response.model_validate(read.to_dict())
+        assert (read.id, read.status, read.output_text) == (echo.id, "completed", echo.output_text)
+        assert [item.type for item in read.output] == ["reasoning", "message"]
+        assert read.conversation is not None and read.conversation.id == "oa-old"
+        assert read.model == "scripted:echo" and read.usage is None  # the record keeps no tokens
+        assert read.created_at <= (read.completed_at or 0)
+
+        tools = await client.responses.retrieve(calc.id)
+        assert [item.type for item in tools.output] == ["mcp_call", "message"]
+        assert tools.output_text == "It is 42."
+
+        events = [checked(e) async for e in await client.responses.retrieve(echo.id, stream=True)]
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        assert events[-1]["type"] == "response.completed"
+        assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == (
+            echo.output_text
+        )
+        with pytest.raises(openai.NotFoundError) as numbered:  # its numbers are the gone events'
+            await client.responses.retrieve(echo.id, stream=True, starting_after=3)
+        assert (
+            isinstance(numbered.value.body, dict)
+            and "event_retention_seconds" in numbered.value.body["message"]
+        )
+
+        assert (await client.responses.cancel(echo.id)).status == "completed"
+        assert (await client.responses.retrieve(background.id)).output_text == "answered over the OpenAI door"
+        assert (await client.responses.retrieve(completion.id)).output_text == "You are in Paris."
+
+        call = next(item for item in located.output if item.type == "function_call")
+        answered = await client.responses.create(
+            model="scripted:thanks",
+            previous_response_id=located.id,
+            tools=[LOCATION_TOOL],
+            input=[{"type": "function_call_output", "call_id": call.call_id, "output": '{"city": "Paris"}'}],
+        )
+        assert answered.output_text == "You are in Paris."
+        assert answered.conversation is not None and answered.conversation.id == "oa-old-t"
+        located_again = await client.responses.retrieve(located.id)  # the call as it ended the response
+        assert [item.type for item in located_again.output] == ["message", "function_call"]
+
+        later = await client.responses.create(
+            model="scripted:thanks", input="more", previous_response_id=echo.id
+        )
+        assert later.conversation is not None and later.conversation.id == "oa-old"
+        with pytest.raises(openai.NotFoundError):
+            await client.responses.create(input="x", previous_response_id="resp-unknown")
+
+
+async def _ran(client: openai.AsyncOpenAI, response_id: str) -> bool:
+    return (await client.responses.retrieve(response_id)).status == "completed"
 
 
 async def test_tenants_and_tokens(sidecar: SidecarProcess, client: openai.AsyncOpenAI) -> None:
@@ -336,6 +422,118 @@ async def test_bad_requests_name_the_param(client: openai.AsyncOpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as bad_tool:
         await client.responses.create(input="hi", tools=[{"type": "web_search"}])
     assert isinstance(bad_tool.value.body, dict) and bad_tool.value.body["param"] == "tools[0].type"
+
+
+async def test_an_oversized_message_names_the_request_param_it_came_in(client: openai.AsyncOpenAI) -> None:
+    """A message over ``limits.max_message_bytes`` is refused naming where the caller sent it.
+    Before, the ``param`` was the Turnwire field: ``message`` for a Responses ``input`` string,
+    ``messages[2]`` for ``input[1]`` after ``instructions``, and ``messages[0]`` for the third of a
+    Chat Completions request's messages (a named conversation takes those after the last
+    assistant message) or for a message after a ``tool`` message."""
+    big = "x" * (1100 * 1024)
+
+    async def param_of(call: Any) -> Any:
+        with pytest.raises(openai.BadRequestError) as refused:
+            await call
+        assert isinstance(refused.value.body, dict) and refused.value.body["code"] == "message_too_large"
+        return refused.value.body["param"]
+
+    assert await param_of(client.responses.create(input=big)) == "input"
+    two = [{"role": "user", "content": "a"}, {"role": "user", "content": big}]
+    assert await param_of(client.responses.create(instructions="Be brief.", input=two)) == "input[1]"  # type: ignore[arg-type]
+    assert await param_of(client.responses.create(input=two, background=True)) == "input[1]"  # type: ignore[arg-type]
+    history: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+        {"role": "user", "content": big},
+    ]
+    named = client.chat.completions.create(messages=history, model="", extra_body={"conversation": "cc-big"})
+    assert await param_of(named) == "messages[2]"
+    answered: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": "a"},
+        {
+            "role": "assistant",
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "1"},
+        {"role": "user", "content": big},
+    ]
+    assert await param_of(client.chat.completions.create(messages=answered, model="")) == "messages[3]"
+
+
+async def test_an_endpoint_the_door_does_not_serve_says_so(client: openai.AsyncOpenAI) -> None:
+    """``models.list``, ``input_items.list``, ``responses.delete`` … answer OpenAI's error body naming
+    what is served. Before, a plain-text ``Not Found`` (``Method Not Allowed`` for a delete), which
+    the SDKs show as ``Error code: 404`` and nothing else."""
+    calls = [
+        client.models.list(),
+        client.responses.input_items.list("resp-x"),
+        client.responses.delete("resp-x"),
+        client.embeddings.create(model="x", input="hi"),
+    ]
+    for call in calls:
+        with pytest.raises(openai.NotFoundError) as refused:
+            await call  # type: ignore[misc]
+        assert isinstance(refused.value.body, dict), refused.value.body
+        assert refused.value.body["code"] == "unknown_url"
+        assert "POST /v1/responses" in refused.value.body["message"]
+        assert "not served by this sidecar" in str(refused.value)
+    completion = await client.chat.completions.create(model="", messages=[{"role": "user", "content": "hi"}])
+    assert completion.choices  # the served routes still come first
+
+
+async def test_an_idempotency_key_makes_the_sdks_retries_one_response(
+    sidecar: SidecarProcess, grpc_a: TurnwireClient
+) -> None:
+    """The SDK sends a request again when it times out (twice by default), and the sidecar cannot
+    tell a retry from a new request: each ran a turn of its own, storing the question again and
+    calling the model again (three turns for one call). With ``Idempotency-Key`` (kept by the SDK's
+    retries) every request of a key answers the one response the first started."""
+    sent: list[str | None] = []
+
+    async def count(request: Any) -> None:
+        sent.append(request.headers.get("idempotency-key"))
+
+    key = f"key-{uuid.uuid4().hex}"
+    hasty = openai.AsyncOpenAI(
+        base_url=f"{http_base(sidecar)}/v1",
+        api_key=TOKEN_A,
+        timeout=0.5,
+        max_retries=2,
+        http_client=openai.DefaultAsyncHttpxClient(event_hooks={"request": [count]}),
+    )
+    async with hasty:  # the turn takes 2 s: the first request times out, a retry gets the answer
+        response = await hasty.responses.create(
+            model="scripted:paced",
+            input="hi",
+            conversation="oa-keyed",
+            extra_headers={"Idempotency-Key": key},
+        )
+    assert len(sent) >= 2 and set(sent) == {key}, sent  # retried, with the key
+    assert response.status == "completed" and response.output_text == "one two three four five six"
+    stored = await grpc_a.get_conversation("oa-keyed")
+    assert [m.role for m in stored.messages] == [message_pb2.ROLE_USER, message_pb2.ROLE_ASSISTANT]
+    assert stored.messages[1].id == f"tw-a-{response.id}"
+    async with openai_client(sidecar) as client:  # sent again later: the same response, not run again
+        again = await client.responses.create(
+            model="scripted:paced",
+            input="hi",
+            conversation="oa-keyed",
+            extra_headers={"Idempotency-Key": key},
+        )
+    assert again.id == response.id and again.output_text == response.output_text
+    assert len((await grpc_a.get_conversation("oa-keyed")).messages) == 2  # still ran once
+
+
+async def test_chat_completions_refuse_more_than_one_choice(client: openai.AsyncOpenAI) -> None:
+    """``n`` above 1 is refused naming ``n``. Before, it was dropped: ``n=2`` answered one choice,
+    so code reading ``choices[1]`` failed far from the cause."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.chat.completions.create(model="", n=2, messages=[{"role": "user", "content": "hi"}])
+    assert isinstance(refused.value.body, dict)
+    assert (refused.value.body["param"], refused.value.body["code"]) == ("n", "unsupported_value")
+    one = await client.chat.completions.create(model="", n=1, messages=[{"role": "user", "content": "hi"}])
+    assert len(one.choices) == 1
 
 
 async def test_hooks_see_the_request_fields_they_are_handed(client: openai.AsyncOpenAI) -> None:
@@ -505,3 +703,50 @@ async def test_the_openai_npm_sdk(sidecar: SidecarProcess) -> None:
         "param": "conversation",
         "code": "invalid_field",
     }
+
+
+async def test_the_ai_sdk_openai_provider_sees_the_sidecars_tools_as_run(sidecar: SidecarProcess) -> None:
+    """``tests/support/ai_sdk_openai_node.mjs``: the Vercel AI SDK's OpenAI provider
+    (``@ai-sdk/openai``, unmodified, its default Responses model). A call the sidecar ran reaches it
+    as a tool the provider executed, with its result; a call of the application's own tool as one it
+    runs. Before, a turn with a sidecar tool failed ``generateText`` ("Invalid JSON response": a
+    ``function_call_output`` output item) and, streamed, was a call of a tool the application does
+    not have (``NoSuchToolError``, finish ``tool-calls``)."""
+    node = await asyncio.create_subprocess_exec(
+        shutil.which("node") or "node",
+        str(AI_SDK_SCRIPT),
+        f"{http_base(sidecar)}/v1",
+        TOKEN_A,
+        cwd=AI_SDK_SCRIPT.parents[2],
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(node.communicate(), timeout=120)
+    assert node.returncode == 0, err.decode()
+    seen = json.loads(out)
+    assert seen["generated"]["text"] == "It is 42." and seen["generated"]["finish"] == "stop"
+    assert seen["generated"]["calls"] == [{"name": "mcp.calculator", "providerExecuted": True}]
+    assert "42" in seen["generated"]["results"][0]
+    assert seen["streamed"]["text"] == "It is 42." and seen["streamed"]["finish"] == "stop"
+    assert seen["streamed"]["parts"] == [
+        ["tool-call", "mcp.calculator", True],
+        ["tool-result", "mcp.calculator", True],
+    ]
+    assert seen["client"] == {
+        "finish": "tool-calls",
+        "calls": [{"name": "get_location", "input": {"precision": "city"}}],
+        "results": [{"city": "Paris"}],
+    }
+    # The SDK's tool loop and a history of messages refer to the door's items (item_reference):
+    # they continue the stored response's conversation. Before, the loop's second step was refused
+    # (400, "send function_call_output items without new messages") and a history lost its replies.
+    loop = seen["loop"]
+    assert loop["steps"] == 2 and loop["text"] == "You are in Paris.", loop
+    assert loop["conversations"][0] is not None and loop["conversations"] == [loop["conversations"][0]] * 2
+    async with TurnwireClient(sidecar.target, token=TOKEN_A) as grpc_a:
+        stored = await grpc_a.get_conversation(loop["conversations"][0])
+    call = next(p.tool_call for m in stored.messages for p in m.parts if p.HasField("tool_call"))
+    assert json.loads(call.output_json) == {"city": "Paris"}
+    history = seen["history"]
+    assert history["text"] == "You are in Paris."
+    assert history["conversations"][0] == history["conversations"][1], history

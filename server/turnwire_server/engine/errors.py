@@ -222,18 +222,26 @@ class ServerRestarted(DomainError):
 
 class TurnStreamNotFound(DomainError):
     """ResumeTurn / WatchSubmission found no stream for the request id (``expired``: it ended longer
-    ago than the event retention)."""
+    ago than the event retention; ``conversation_id``: the conversation that still stores the
+    reply of such a turn, in the ErrorInfo metadata as ``conversation_id``, so a caller can read it
+    there)."""
 
     error_reason = reasons.ERROR_REASON_TURN_NOT_FOUND
     status_code = CanonicalCode.NOT_FOUND
 
-    def __init__(self, message: str, *, request_id: str, expired: bool = False) -> None:
+    def __init__(
+        self, message: str, *, request_id: str, expired: bool = False, conversation_id: str = ""
+    ) -> None:
         super().__init__(message)
         self.request_id = request_id
         self.expired = expired
+        self.conversation_id = conversation_id
 
     def details(self) -> ErrorDetails:
-        return ErrorDetails(metadata={"request_id": self.request_id, "expired": str(self.expired).lower()})
+        metadata = {"request_id": self.request_id, "expired": str(self.expired).lower()}
+        if self.conversation_id:
+            metadata["conversation_id"] = self.conversation_id
+        return ErrorDetails(metadata=metadata)
 
 
 class TurnNotHere(DomainError):

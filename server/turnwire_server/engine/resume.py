@@ -198,8 +198,9 @@ async def _stream(request_id: str, store: ReplayStore, retention_seconds: float)
         raise TurnStreamNotFound(
             f"turn {request_id!r} ended at {ended}; its events are kept for {retention_seconds:g} s "
             "after a turn ends (durability.event_retention_seconds) and are gone; read the stored "
-            "reply with GetConversation",
+            f"reply with GetConversation of conversation {stream.conversation_id!r}",
             request_id=request_id,
             expired=True,
+            conversation_id=stream.conversation_id,
         )
     return stream

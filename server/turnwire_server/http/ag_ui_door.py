@@ -50,7 +50,9 @@ from turnwire_server.http.openai_chat import data_lines
 from turnwire_server.http.openai_door import call_info, read_body, struct_of
 from turnwire_server.http.openai_errors import ended_error
 from turnwire_server.http.openai_request import RequestProblem
+from turnwire_server.http.openai_response_log import stored_events
 from turnwire_server.http.retry_headers import retry_headers
+from turnwire_server.http.stored_turns import expired_in, stored_turn
 
 PATH = "/v1/ag-ui"
 """The door's one route."""
@@ -154,13 +156,39 @@ class AgUiDoor:
         )
         try:
             first = await anext(replay)
-        except (CallEnded, StopAsyncIteration):
+        except CallEnded as ended:
+            await replay.aclose()  # type: ignore[attr-defined]
+            if expired_in(ended) == thread_id:  # past the event retention: the stored run
+                return await self._stored_run(thread_id, run_id, call, refused)
+            return _ended_response(refused)
+        except StopAsyncIteration:
             await replay.aclose()  # type: ignore[attr-defined]
             return _ended_response(refused)
         if first.event.conversation_id != thread_id:  # type: ignore[attr-defined]
             await replay.aclose()  # type: ignore[attr-defined]
             return _ended_response(refused)
         return self._answer(first, replay, RunLog(thread_id, run_id))
+
+    async def _stored_run(
+        self, thread_id: str, run_id: str, call: DoorCallInfo, refused: CallEnded
+    ) -> Response:
+        """The run ``run_id`` of ``thread_id`` whose events are past their retention, made from the
+        turn's record and stored reply (:func:`~turnwire_server.http.stored_turns.stored_turn`,
+        :func:`~turnwire_server.http.openai_response_log.stored_events`); the ``refused`` answer
+        when the thread no longer holds it."""
+        try:
+            found = await stored_turn(self.calls, run_id, thread_id, call)
+        except CallEnded as ended:
+            return _ended_response(ended)
+        if found is None:
+            return _ended_response(refused)
+
+        async def replayed() -> AsyncIterator[Any]:
+            for event in stored_events(*found):
+                yield chat_service_pb2.ResumeTurnResponse(event=event)
+
+        events = replayed()
+        return self._answer(await anext(events), events, RunLog(thread_id, run_id))
 
     def _answer(self, first: Any, events: AsyncIterator[Any], log: RunLog) -> Response:
         """The run's events over SSE; a ``: ping`` comment every 15 s while it is quiet keeps idle

@@ -34,6 +34,7 @@ from turnwire_server.http.connect_door import ConnectDoor, endpoints_of
 from turnwire_server.http.inspector_door import inspector_routes
 from turnwire_server.http.openai_chat import ChatCompletionsDoor
 from turnwire_server.http.openai_door import ResponsesDoor
+from turnwire_server.http.openai_errors import error_response
 from turnwire_server.http.settings import PROTOCOL_REQUEST_HEADERS, PROTOCOL_RESPONSE_HEADERS, CorsSettings
 
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
@@ -96,6 +97,28 @@ def openai_door(context: DoorContext) -> Door:
     return Door("OpenAI", [*responses.routes(), *chat.routes()])
 
 
+async def _unserved(request: Request) -> Response:
+    """OpenAI's 404 error body for a ``/v1/`` path no door serves, naming what is served."""
+    return error_response(
+        404,
+        f"{request.method} {request.url.path} is not served by this sidecar; its OpenAI-compatible door "
+        "serves POST /v1/responses, GET /v1/responses/{id}, POST /v1/responses/{id}/cancel and "
+        "POST /v1/chat/completions (docs/api/openai.md; models, files, embeddings, conversations and "
+        "input items are not served: read a conversation with GetConversation)",
+        "invalid_request_error",
+        None,
+        "unknown_url",
+    )
+
+
+def openai_unserved_door(context: DoorContext) -> Door:
+    """The last door: any other ``/v1/`` path or method answers OpenAI's 404 error body, which the
+    OpenAI SDKs raise as ``NotFoundError`` with its message (``client.models.list()``,
+    ``responses.input_items.list`` …), rather than a plain-text ``Not Found`` they show as
+    ``Error code: 404``. Matched last, so every door's own routes come first."""
+    return Door("", [Route("/v1/{path:path}", _unserved, methods=["GET", "POST", "PUT", "PATCH", "DELETE"])])
+
+
 def ag_ui_door(context: DoorContext) -> Door:
     """AG-UI (``POST /v1/ag-ui``): ``@ag-ui/client``'s ``HttpAgent`` runs the sidecar's turns
     (:mod:`turnwire_server.http.ag_ui_door`, docs/api/ag-ui.md)."""
@@ -148,4 +171,5 @@ __all__ = [
     "health_door",
     "inspector_door",
     "openai_door",
+    "openai_unserved_door",
 ]

@@ -33,6 +33,7 @@ from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 from turnwire_server.http.calls import CallEnded, DoorCallInfo, InProcessCalls
 from turnwire_server.http.openai_door import call_info, json_response, read_body, struct_of
 from turnwire_server.http.openai_errors import bad_request, ended_error, ended_response
+from turnwire_server.http.openai_request import item_params
 
 _SERVICE = "/turnwire.v1.ChatService/"
 _PARAMS = {"conversation_id": "conversation", "client_tools": "tools", "messages": "messages"}
@@ -87,12 +88,14 @@ def _text(content: Any, where: str) -> str:
     raise _Problem(f"{where}: a string or a list of text parts", where)
 
 
-def _messages(raw: list[Any]) -> list[message_pb2.Message]:
+def _messages(raw: list[Any], offset: int = 0) -> tuple[list[message_pb2.Message], list[str]]:
     """The request's messages as Turnwire messages: an assistant's ``tool_calls`` become tool-call
-    parts, completed by the ``tool`` messages that answer them."""
+    parts, completed by the ``tool`` messages that answer them; and the request parameter of each
+    (``messages[i]``, ``raw`` being the request's messages from index ``offset`` on)."""
     messages: list[message_pb2.Message] = []
+    sources: list[str] = []
     calls: dict[str, message_pb2.ToolCallPart] = {}
-    for index, item in enumerate(raw):
+    for index, item in enumerate(raw, offset):
         where = f"messages[{index}]"
         if not isinstance(item, dict):
             raise _Problem(f"{where}: a message object", where)
@@ -127,7 +130,8 @@ def _messages(raw: list[Any]) -> list[message_pb2.Message]:
             part.client_executed = True
             calls[part.tool_call_id] = part
         messages.append(message)
-    return messages
+        sources.append(where)
+    return messages, sources
 
 
 def _json_text(output: str) -> str:
@@ -247,13 +251,18 @@ class _Completion:
         }
 
 
-def _turn_request(sent: list[Any], named: bool, common: dict[str, Any]) -> tuple[str, Message]:
+def _turn_request(
+    sent: list[Any], named: bool, common: dict[str, Any]
+) -> tuple[str, Message, dict[str, str]]:
     """The RPC and request for the request's ``messages``: all of them (``SaveMessages``) in a
     conversation of the call's own; with a named conversation, those after the last assistant
     message: ``tool`` messages answer its pending calls (``SubmitToolResults``), other messages
-    are appended (``SaveMessages``)."""
+    are appended (``SaveMessages``). Third, the request parameter of each message or result by
+    the Turnwire field naming it in a refusal (:func:`~.openai_request.item_params`)."""
     if not named:
-        return "SaveMessages", chat_service_pb2.SaveMessagesRequest(messages=_messages(sent), **common)
+        messages, sources = _messages(sent)
+        request = chat_service_pb2.SaveMessagesRequest(messages=messages, **common)
+        return "SaveMessages", request, item_params(sources)
     last = max(
         (i for i, m in enumerate(sent) if isinstance(m, dict) and m.get("role") == "assistant"), default=-1
     )
@@ -273,12 +282,20 @@ def _turn_request(sent: list[Any], named: bool, common: dict[str, Any]) -> tuple
             )
             for i, m in enumerate(answers)
         ]
-        return "SubmitToolResults", chat_service_pb2.SubmitToolResultsRequest(
-            results=results, auto_continue=True, **common
+        submit = chat_service_pb2.SubmitToolResultsRequest(results=results, auto_continue=True, **common)
+        return (
+            "SubmitToolResults",
+            submit,
+            item_params([], [f"messages[{last + 1 + i}]" for i in range(len(results))]),
         )
     if not tail:
         raise _Problem("messages: nothing new after the last assistant message", "messages")
-    return "SaveMessages", chat_service_pb2.SaveMessagesRequest(messages=_messages(tail), **common)
+    messages, sources = _messages(tail, last + 1)
+    return (
+        "SaveMessages",
+        chat_service_pb2.SaveMessagesRequest(messages=messages, **common),
+        item_params(sources),
+    )
 
 
 def data_lines(chunks: list[dict[str, Any]]) -> bytes:
@@ -308,6 +325,14 @@ class ChatCompletionsDoor:
             return bad_request(f"the body is not JSON: {error}", None)
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
             return bad_request("messages: a non-empty list of messages", "messages")
+        if body.get("n") not in (None, 1):
+            # One turn makes one reply: n choices would be n turns, each stored and billed.
+            return bad_request(
+                f"n: this door answers one choice per request (a turn makes one reply); got {body['n']!r}: "
+                "send n requests for n choices",
+                "n",
+                "unsupported_value",
+            )
         named = body.get("conversation")
         if named is not None and not isinstance(named, str):
             return bad_request("conversation: a Turnwire conversation id (a string)", "conversation")
@@ -321,10 +346,11 @@ class ChatCompletionsDoor:
         }
         try:
             client_tools = _client_tools(body.get("tools") or [])
-            method, message = _turn_request(body["messages"], bool(named), common)
+            method, message, items = _turn_request(body["messages"], bool(named), common)
         except _Problem as problem:
             return bad_request(problem.message, problem.param)
         message.client_tools.extend(client_tools)  # type: ignore[attr-defined]
+        params = _PARAMS | items
         call = call_info(request)
         completion = _Completion(completion_id, str(body.get("model") or ""), {t.name for t in client_tools})
         events: AsyncIterator[Any] = self.calls.stream(_SERVICE + method, message, call)
@@ -333,13 +359,21 @@ class ChatCompletionsDoor:
             first = await anext(events)
         except CallEnded as ended:
             await self._forget(forget, call)
-            return ended_response(ended, param_names=_PARAMS)
+            return ended_response(ended, param_names=params)
         except StopAsyncIteration:
             first = None
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return EventSourceResponse(
-                self._sse(first, events, completion, include_usage=include_usage, forget=forget, call=call),
+                self._sse(
+                    first,
+                    events,
+                    completion,
+                    include_usage=include_usage,
+                    forget=forget,
+                    call=call,
+                    params=params,
+                ),
                 ping=15,
             )
         try:
@@ -348,12 +382,12 @@ class ChatCompletionsDoor:
                 async for item in events:
                     completion.feed(item.event)
         except CallEnded as ended:
-            return ended_response(ended, param_names=_PARAMS, started=first is not None)
+            return ended_response(ended, param_names=params, started=first is not None)
         finally:
             await self._forget(forget, call)
         if completion.error is not None:
             # The turn ran: sent again, it would run again (its tools, its billed steps).
-            return ended_response(completion.error, param_names=_PARAMS, started=True)
+            return ended_response(completion.error, param_names=params, started=True)
         return json_response(completion.whole())
 
     async def _sse(
@@ -365,6 +399,7 @@ class ChatCompletionsDoor:
         include_usage: bool,
         forget: str | None,
         call: DoorCallInfo,
+        params: dict[str, str],
     ) -> AsyncIterator[bytes]:
         try:
             if first is not None:
@@ -374,12 +409,12 @@ class ChatCompletionsDoor:
                     if chunks := data_lines(completion.feed(item.event)):
                         yield chunks
             if completion.error is not None:
-                yield data_lines([ended_error(completion.error, param_names=_PARAMS)[1]])
+                yield data_lines([ended_error(completion.error, param_names=params)[1]])
             elif include_usage:
                 yield data_lines([{**completion.chunk({}), "choices": [], "usage": completion.usage}])
             yield b"data: [DONE]\n\n"
         except CallEnded as ended:
-            _, error = ended_error(ended, param_names=_PARAMS)
+            _, error = ended_error(ended, param_names=params)
             yield data_lines([error])
         finally:
             await events.aclose()  # type: ignore[attr-defined]

@@ -24,6 +24,7 @@ response there; an older one continues a fork of that conversation made at that 
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -41,8 +42,15 @@ from turnwire_client.v1 import chat_service_pb2, message_pb2
 from turnwire_server.engine.ids import assistant_message_id
 from turnwire_server.http.calls import CallEnded, DoorCallInfo, InProcessCalls, metadata_of
 from turnwire_server.http.openai_errors import bad_request, ended_error, ended_response, error_response
-from turnwire_server.http.openai_request import RequestProblem, TurnInput, parse_request, turn_input
-from turnwire_server.http.openai_response_log import ResponseLog
+from turnwire_server.http.openai_request import (
+    RequestProblem,
+    TurnInput,
+    parse_request,
+    referenced_response,
+    turn_input,
+)
+from turnwire_server.http.openai_response_log import ResponseLog, stored_events, stored_log
+from turnwire_server.http.stored_turns import expired_in, stored_turn
 
 _SERVICE = "/turnwire.v1.ChatService/"
 _PARAMS = {"conversation_id": "conversation", "client_tools": "tools", "request_id": "response_id"}
@@ -120,10 +128,23 @@ class ResponsesDoor:
             return raw
         try:
             parsed = parse_request(raw)
-            turn = turn_input(parsed)
+            referenced = referenced_response(parsed)
+            if referenced is not None:  # the input's history is a stored response's: continue it
+                parsed.previous_response_id, start = referenced
+                if start == len(parsed.input):
+                    raise RequestProblem(
+                        "input: nothing after its last item_reference (the stored history): send "
+                        "a message or function_call_output items",
+                        "input",
+                    )
+            turn = turn_input(parsed, referenced[1] if referenced else 0)
         except RequestProblem as problem:
             return bad_request(problem.message, problem.param)
         call = call_info(request)
+        key = request.headers.get("idempotency-key")
+        response_id = _keyed_id(key) if key else f"resp-{uuid.uuid4().hex}"
+        if key and await self._exists(response_id, call):  # a retry: the first request's response
+            return await self._read(response_id, call, stream=bool(parsed.stream))
         if parsed.conversation_id and parsed.previous_response_id:
             return bad_request(
                 "conversation and previous_response_id cannot both be given: name one",
@@ -136,17 +157,60 @@ class ResponsesDoor:
             if isinstance(found, Response):
                 return found
             conversation = found
-        conversation = conversation or f"conv-{uuid.uuid4().hex}"
+        conversation = conversation or "conv-" + response_id.removeprefix("resp-")
+        for index, stored in enumerate(turn.messages if key else ()):  # a retry stores them once
+            stored.id = stored.id or f"{response_id}.m{index}"
         echo = turn.echo | {"background": bool(parsed.background)}
         if parsed.background:
             return await self._submit(
-                conversation, parsed.model or "", turn, echo, call, stream=bool(parsed.stream)
+                conversation,
+                parsed.model or "",
+                turn,
+                echo,
+                call,
+                stream=bool(parsed.stream),
+                submission_id=response_id,
             )
-        response_id = f"resp-{uuid.uuid4().hex}"
         method, message = self._turn_request(conversation, response_id, parsed.model or "", turn)
         events = self.calls.stream(_SERVICE + method, message, call)
+        if key:
+            try:
+                first = await anext(events)
+            except CallEnded as ended:
+                await events.aclose()  # type: ignore[attr-defined]
+                if ended.code.name != "ALREADY_EXISTS":
+                    return ended_response(ended, param_names=_PARAMS | turn.params)
+                # The same key sent at once twice: the other request started it; follow it.
+                return await self._read(response_id, call, stream=bool(parsed.stream))
+            events = _after(first, events)
         log = ResponseLog(response_id, echo=echo)
-        return await self._answer(events, log, stream=bool(parsed.stream))
+        return await self._answer(events, log, stream=bool(parsed.stream), params=_PARAMS | turn.params)
+
+    async def _exists(self, response_id: str, call: DoorCallInfo) -> bool:
+        """Whether a response (a turn, or a submission) ``response_id`` exists, its events past
+        their retention included."""
+        replay = self.calls.stream(
+            _SERVICE + "ResumeTurn", chat_service_pb2.ResumeTurnRequest(request_id=response_id), call
+        )
+        try:
+            await anext(replay)
+            return True
+        except CallEnded as ended:
+            if ended.code.name != "NOT_FOUND" or expired_in(ended) is not None:
+                return True
+        except StopAsyncIteration:
+            return True
+        finally:
+            await replay.aclose()  # type: ignore[attr-defined]
+        try:
+            await self.calls.unary(
+                _SERVICE + "GetSubmission",
+                chat_service_pb2.GetSubmissionRequest(submission_id=response_id),
+                call,
+            )
+        except CallEnded:
+            return False
+        return True
 
     def _turn_request(
         self, conversation: str, response_id: str, model: str, turn: TurnInput
@@ -175,6 +239,7 @@ class ResponsesDoor:
         call: DoorCallInfo,
         *,
         stream: bool,
+        submission_id: str,
     ) -> Response:
         if turn.results:
             return bad_request(
@@ -182,7 +247,6 @@ class ResponsesDoor:
                 "send them without background",
                 "background",
             )
-        submission_id = f"resp-{uuid.uuid4().hex}"
         submit = chat_service_pb2.SubmitMessagesRequest(
             conversation_id=conversation,
             messages=turn.messages,
@@ -194,7 +258,7 @@ class ResponsesDoor:
         try:
             await self.calls.unary(_SERVICE + "SubmitMessages", submit, call)
         except CallEnded as ended:
-            return ended_response(ended, param_names=_PARAMS)
+            return ended_response(ended, param_names=_PARAMS | turn.params)
         log = ResponseLog(submission_id, echo=echo, status="queued")
         log.response["conversation"] = {"id": conversation}
         log.response["model"] = model
@@ -214,18 +278,21 @@ class ResponsesDoor:
         )
         try:
             first = await anext(replay)
+            conversation = str(first.event.conversation_id)  # type: ignore[attr-defined]
         except CallEnded as ended:
-            return error_response(
-                404 if ended.code.name == "NOT_FOUND" else 400,
-                f"previous_response_id: no response {response_id!r} (or its events are past the "
-                "sidecar's durability.event_retention_seconds)",
-                "invalid_request_error",
-                "previous_response_id",
-                "previous_response_not_found",
-            )
+            # Past the event retention the stored conversation still holds the response.
+            stored_in = expired_in(ended)
+            if stored_in is None:
+                return error_response(
+                    404 if ended.code.name == "NOT_FOUND" else 400,
+                    f"previous_response_id: no response {response_id!r}",
+                    "invalid_request_error",
+                    "previous_response_id",
+                    "previous_response_not_found",
+                )
+            conversation = stored_in
         finally:
             await replay.aclose()  # type: ignore[attr-defined]
-        conversation = str(first.event.conversation_id)  # type: ignore[attr-defined]
         own = assistant_message_id(response_id)
         replies: list[str] = []
         token = ""
@@ -255,15 +322,22 @@ class ResponsesDoor:
     # -- answering: one Response, or its events over SSE -----------------------------------------
 
     async def _answer(
-        self, events: AsyncIterator[Any], log: ResponseLog, *, stream: bool, after: int = -1
+        self,
+        events: AsyncIterator[Any],
+        log: ResponseLog,
+        *,
+        stream: bool,
+        after: int = -1,
+        params: dict[str, str] = _PARAMS,
     ) -> Response:
         """The Response of the turn ``events`` carry, or (``stream``) its events after sequence
         number ``after`` as server-sent events. A call refused before its first event is
-        OpenAI's error answer."""
+        OpenAI's error answer, its ``param`` renamed by ``params`` (Turnwire field → request
+        parameter)."""
         try:
             first = await anext(events)
         except CallEnded as ended:
-            return ended_response(ended, param_names=_PARAMS)
+            return ended_response(ended, param_names=params)
         except StopAsyncIteration:
             first = None
         if not stream:
@@ -273,12 +347,12 @@ class ResponsesDoor:
                     async for item in events:
                         log.feed(item.event)
             except CallEnded as ended:
-                return ended_response(ended, param_names=_PARAMS, started=first is not None)
+                return ended_response(ended, param_names=params, started=first is not None)
             return json_response(log.snapshot())
-        return EventSourceResponse(self._sse(first, events, log, after), ping=15)
+        return EventSourceResponse(self._sse(first, events, log, after, params), ping=15)
 
     async def _sse(
-        self, first: Any, events: AsyncIterator[Any], log: ResponseLog, after: int
+        self, first: Any, events: AsyncIterator[Any], log: ResponseLog, after: int, params: dict[str, str]
     ) -> AsyncIterator[bytes]:
         try:
             if first is not None:
@@ -288,9 +362,11 @@ class ResponsesDoor:
                     if frames := _frames(log.feed(item.event), after):
                         yield frames
         except CallEnded as ended:
-            _, body = ended_error(ended, param_names=_PARAMS)
-            error = {"type": "error", "sequence_number": log.next_sequence_number, **body["error"]}
-            yield _frames([error], -1)
+            # OpenAI's ResponseErrorEvent: code, message, param; the error's own ``type`` would
+            # replace the event's.
+            _, body = ended_error(ended, param_names=params)
+            fields = {key: body["error"][key] for key in ("code", "message", "param")}
+            yield _frames([{"type": "error", "sequence_number": log.next_sequence_number, **fields}], -1)
         finally:
             await events.aclose()  # type: ignore[attr-defined]
 
@@ -321,6 +397,11 @@ class ResponsesDoor:
             await replay.aclose()  # type: ignore[attr-defined]
             if ended.code.name != "NOT_FOUND":
                 return ended_response(ended, param_names=_PARAMS)
+            conversation = expired_in(ended)
+            if conversation is not None and after < 0:
+                stored = await self._stored(response_id, conversation, call, stream=stream)
+                if stored is not None:
+                    return stored
             return await self._submission(response_id, call, stream=stream, after=after, ended=ended)
         except StopAsyncIteration:
             first = None
@@ -332,6 +413,35 @@ class ResponsesDoor:
                 yield item
 
         return await self._answer(events(), ResponseLog(response_id), stream=stream, after=after)
+
+    async def _stored(
+        self, response_id: str, conversation: str, call: DoorCallInfo, *, stream: bool
+    ) -> Response | None:
+        """The Response of turn ``response_id`` of ``conversation`` whose events are past their
+        retention, made from its record and its stored reply
+        (:func:`~turnwire_server.http.stored_turns.stored_turn`): the reply outlives the events, so
+        the response stays readable as long as the conversation is stored
+        (:func:`~turnwire_server.http.openai_response_log.stored_events`; ``stream``: as events,
+        numbered afresh). None when the conversation no longer holds the turn."""
+        try:
+            found = await stored_turn(self.calls, response_id, conversation, call)
+        except CallEnded as ended:
+            return ended_response(ended, param_names=_PARAMS)
+        if found is None:
+            return None
+        turn, reply = found
+        log = stored_log(turn)
+        events = stored_events(turn, reply)
+        if not stream:
+            for event in events:
+                log.feed(event)
+            return json_response(log.snapshot())
+
+        async def replayed() -> AsyncIterator[Any]:
+            for event in events:
+                yield chat_service_pb2.ResumeTurnResponse(event=event)
+
+        return await self._answer(replayed(), log, stream=True)
 
     async def _pending_submission(self, response_id: str, call: DoorCallInfo) -> Response | None:
         """The Response of submission ``response_id`` when it is queued or was cancelled before it
@@ -413,6 +523,22 @@ class ResponsesDoor:
             except CallEnded as refused:
                 return ended_response(refused, param_names=_PARAMS)
         return await self._read(response_id, call, stream=False)
+
+
+def _keyed_id(key: str) -> str:
+    """The response id of the requests sent with ``Idempotency-Key: key``: the same for every
+    retry, so they answer one response (docs/api/openai.md#retries-and-idempotency-keys)."""
+    return "resp-" + hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+async def _after(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """``first``, then ``rest``'s items; closing it closes ``rest``."""
+    try:
+        yield first
+        async for item in rest:
+            yield item
+    finally:
+        await rest.aclose()  # type: ignore[attr-defined]
 
 
 def _events_expired(ended: CallEnded) -> bool:

@@ -14,6 +14,8 @@ stores and are skipped. Other content (images, files, audio) is refused: this do
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -106,6 +108,10 @@ class TurnInput(BaseModel):
     client_tools: list[chat_service_pb2.ClientTool]
     body: dict[str, Any]
     echo: dict[str, Any]
+    params: dict[str, str] = {}
+    """The request parameter each message and result came from, by the Turnwire field naming it
+    in a refusal (``message``, ``messages[2]``, ``results[0]`` → ``input``, ``instructions``,
+    ``input[1]``), so an error's ``param`` names what the caller sent."""
 
 
 def parse_request(raw: bytes) -> ResponsesRequest:
@@ -186,17 +192,44 @@ def _client_tool(tool: dict[str, Any], where: str) -> chat_service_pb2.ClientToo
     return offered
 
 
-def turn_input(request: ResponsesRequest) -> TurnInput:
-    """The Turnwire input of ``request`` (see the module docstring); raises :class:`RequestProblem`."""
+_ITEM_ID = re.compile(r"(?:msg|rs|fc|mcp)_([A-Za-z0-9.:-]+)_[0-9]+")
+"""An output item id this door made (``msg_<response id>_<index>``: openai_response_log.py);
+response ids hold no ``_`` (docs/guarantees.md, "Ids never collide")."""
+
+
+def referenced_response(request: ResponsesRequest) -> tuple[str, int] | None:
+    """For a request naming neither a conversation nor a previous response whose ``input`` refers
+    to this door's output items (``item_reference``, as the AI SDK's OpenAI provider sends the
+    earlier steps and replies of its history): the response of the last such item and the index
+    of the input after it. The items up to there are that response's conversation, stored; what
+    follows is the new input, so the request continues that response as ``previous_response_id``
+    would. None for any other request."""
+    if request.conversation_id or request.previous_response_id or isinstance(request.input, str):
+        return None
+    found: tuple[str, int] | None = None
+    for index, item in enumerate(request.input):
+        reference = item.get("id") if item.get("type") == "item_reference" else None
+        if isinstance(reference, str) and (matched := _ITEM_ID.fullmatch(reference)) is not None:
+            found = (matched.group(1), index + 1)
+    return found
+
+
+def turn_input(request: ResponsesRequest, start: int = 0) -> TurnInput:
+    """The Turnwire input of ``request`` (see the module docstring), from input item ``start`` on
+    (:func:`referenced_response`); raises :class:`RequestProblem`."""
     messages: list[message_pb2.Message] = []
     results: list[chat_service_pb2.ToolResult] = []
+    sources: list[str] = []  # the request parameter of each message
+    result_sources: list[str] = []
     if request.instructions:
         messages.append(_text_message(message_pb2.ROLE_SYSTEM, request.instructions))
+        sources.append("instructions")
     if isinstance(request.input, str):
         if request.input or not messages:
             messages.append(_text_message(message_pb2.ROLE_USER, request.input))
+            sources.append("input")
     else:
-        for index, item in enumerate(request.input):
+        for index, item in enumerate(request.input[start:], start):
             where = f"input[{index}]"
             kind = item.get("type", "message")
             if kind == "message":
@@ -207,6 +240,7 @@ def turn_input(request: ResponsesRequest) -> TurnInput:
                         f"{where}.role",
                     )
                 messages.append(_text_message(role, _text_of(item.get("content", ""), f"{where}.content")))
+                sources.append(where)
             elif kind == "function_call_output":
                 call_id = item.get("call_id")
                 if not isinstance(call_id, str) or not call_id:
@@ -218,6 +252,7 @@ def turn_input(request: ResponsesRequest) -> TurnInput:
                         tool_call_id=call_id, output_json=_output_json(item.get("output"), f"{where}.output")
                     )
                 )
+                result_sources.append(where)
             elif kind not in _SKIPPED_ITEMS:
                 raise RequestProblem(
                     f"{where}.type: this door takes message and function_call_output items; got {kind!r}",
@@ -238,7 +273,28 @@ def turn_input(request: ResponsesRequest) -> TurnInput:
         client_tools=[_client_tool(tool, f"tools[{i}]") for i, tool in enumerate(request.tools)],
         body={name: fields[name] for name in _FOR_HOOKS if name in fields},
         echo={name: fields[name] for name in _ECHOED if name in fields} | {"tools": request.tools},
+        params=item_params(sources, result_sources),
     )
 
 
-__all__ = ["RequestProblem", "ResponsesRequest", "TurnInput", "parse_request", "turn_input"]
+def item_params(sources: Sequence[str], result_sources: Sequence[str] = ()) -> dict[str, str]:
+    """The door's parameter names of a request's messages and tool results by the Turnwire field
+    that names them in a refusal: ``message`` (a ``Chat``'s one message), ``messages[i]``
+    (``SaveMessages``), ``results[i]`` (``SubmitToolResults``); ``sources[i]`` is the parameter
+    of message ``i`` (``instructions``, ``input[2]`` …), ``result_sources[i]`` of result ``i``."""
+    params = {f"messages[{i}]": source for i, source in enumerate(sources)}
+    params |= {f"results[{i}]": source for i, source in enumerate(result_sources)}
+    if len(sources) == 1:
+        params["message"] = sources[0]
+    return params
+
+
+__all__ = [
+    "RequestProblem",
+    "ResponsesRequest",
+    "TurnInput",
+    "item_params",
+    "parse_request",
+    "referenced_response",
+    "turn_input",
+]

@@ -15,9 +15,12 @@ What maps (one turn = one response, its request id = the response id):
 
 - text blocks → ``message`` items with one ``output_text`` part;
 - reasoning blocks → ``reasoning`` items with one ``reasoning_text`` part;
-- tool calls → ``function_call`` items (a client tool's call ends the turn waiting for its
-  ``function_call_output``); the result of a call the sidecar ran (a server tool) →
-  a ``function_call_output`` item, so a caller sees the whole tool loop;
+- a call the sidecar ran (its own tools, tool hosts, MCP: its result came in the turn) →
+  an ``mcp_call`` item (``server_label`` ``turnwire``) with its ``arguments`` and ``output`` or
+  ``error``: OpenAI's item for a tool the server ran, which clients show and do not run, so a
+  caller sees the whole tool loop. A client tool's call, which ends the turn waiting for its
+  ``function_call_output``, → a ``function_call`` item. Which one a call is shows only when its
+  result comes or the turn ends, so a call's item is sent then (see :class:`_HeldCall`);
 - ``TurnEnd`` → ``response.completed`` (``incomplete`` when the last step hit the output limit),
   ``response.failed`` (a failed or interrupted turn), or ``response.incomplete`` with status
   ``cancelled`` (a cancelled turn), with the turn's usage.
@@ -32,9 +35,10 @@ new attempt's items follow them (what was streamed cannot be taken back).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
-from turnwire_client.v1 import event_pb2
+from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 from turnwire_server.http.openai_errors import turn_error
 
 _STATUS = {
@@ -51,6 +55,22 @@ _TERMINAL_EVENT = {
     "failed": "response.failed",
     "cancelled": "response.incomplete",
 }
+
+
+SERVER_LABEL = "turnwire"
+"""The ``server_label`` of the ``mcp_call`` items of the calls the sidecar runs."""
+
+
+@dataclass
+class _HeldCall:
+    """A tool call not shown yet: whether it is one the sidecar runs (its result comes: an
+    ``mcp_call`` item) or a client tool's (the turn ends without one: a ``function_call`` item) is
+    known only then, and the events must be a pure function of the log (sequence numbers are
+    resume cursors), so both come out the same on every read."""
+
+    name: str
+    arguments: str = ""
+    complete: bool = False
 
 
 def usage_of(usage: Any) -> dict[str, Any]:
@@ -72,13 +92,24 @@ class ResponseLog:
 
     ``response_id`` is the turn's request id; ``echo`` holds the request fields a Response repeats
     (``instructions``, ``tools``, ``metadata``, ``previous_response_id`` …); ``status`` is the
-    status before the turn starts (``queued`` for a background response)."""
+    status before the turn starts (``queued`` for a background response); ``created_at`` and
+    ``completed_at`` (Unix seconds) replace the times of the read when given (a stored turn's);
+    ``usage_known`` false leaves ``usage`` None at the end (a stored turn's TurnEnd carries none)."""
 
-    def __init__(self, response_id: str, *, echo: dict[str, Any] | None = None, status: str = "in_progress"):
+    def __init__(
+        self,
+        response_id: str,
+        *,
+        echo: dict[str, Any] | None = None,
+        status: str = "in_progress",
+        created_at: int | None = None,
+        completed_at: int | None = None,
+        usage_known: bool = True,
+    ):
         self.response: dict[str, Any] = {
             "id": response_id,
             "object": "response",
-            "created_at": int(time.time()),
+            "created_at": int(time.time()) if created_at is None else created_at,
             "status": status,
             "background": False,
             "error": None,
@@ -98,8 +129,11 @@ class ResponseLog:
             self.response.update(echo)
         self.next_sequence_number = 0
         self.ended = False
-        self._open: dict[str, int] = {}  # text/reasoning block id or tool call id → output index
+        self._open: dict[str, int] = {}  # text/reasoning block id → output index
+        self._held: dict[str, _HeldCall] = {}  # tool call id → a call whose kind is not known yet
         self._finish_length = False
+        self._completed_at = completed_at
+        self._usage_known = usage_known
 
     # -- output items -------------------------------------------------------------------------
 
@@ -206,46 +240,82 @@ class ResponseLog:
         if index is not None:
             self._done_item(index, out)
 
-    def _call_item(self, call_id: str, name: str, out: list[dict[str, Any]]) -> int:
-        index = self._open.get(call_id)
-        if index is None:
+    def _hold(self, call_id: str, name: str) -> _HeldCall:
+        """The held call ``call_id`` (see :class:`_HeldCall`), made when it is new."""
+        held = self._held.get(call_id)
+        if held is None:
+            held = self._held[call_id] = _HeldCall(name)
+        return held
+
+    def _server_call(
+        self, call_id: str, name: str, out: list[dict[str, Any]], *, output: str | None, error: str | None
+    ) -> None:
+        """A call the sidecar ran (its result came): OpenAI's ``mcp_call`` item, a tool the server
+        ran, with its arguments and its ``output`` or ``error``, opened and done at once."""
+        held = self._held.pop(call_id, None) or _HeldCall(name)
+        item: dict[str, Any] = {
+            "id": self._item_id("mcp"),
+            "type": "mcp_call",
+            "server_label": SERVER_LABEL,
+            "name": held.name or name,
+            "arguments": held.arguments or "{}",
+            "output": None,
+            "error": None,
+            "status": "in_progress",
+        }
+        index = self._add_item(None, item, out)
+        self._event("response.mcp_call.in_progress", out, item_id=item["id"], output_index=index)
+        self._event(
+            "response.mcp_call_arguments.done",
+            out,
+            item_id=item["id"],
+            output_index=index,
+            arguments=item["arguments"],
+        )
+        if error is None:
+            item["output"], item["status"] = output, "completed"
+            self._event("response.mcp_call.completed", out, item_id=item["id"], output_index=index)
+        else:
+            item["error"] = {"type": "mcp_tool_execution_error", "content": [{"type": "text", "text": error}]}
+            item["status"] = "failed"
+            self._event("response.mcp_call.failed", out, item_id=item["id"], output_index=index)
+        self._event("response.output_item.done", out, output_index=index, item=_copy(item))
+
+    def _release_held(self, out: list[dict[str, Any]], *, ended_well: bool) -> None:
+        """The held calls no result came for, as ``function_call`` items in the order they began:
+        a client tool's call the caller answers with ``function_call_output`` (``completed``), or,
+        when the turn did not end well (cancelled, failed) or a new attempt replaced its step, a
+        call cut off (``incomplete``)."""
+        for call_id, held in self._held.items():
             item = {
                 "id": self._item_id("fc"),
                 "type": "function_call",
                 "call_id": call_id,
-                "name": name,
+                "name": held.name,
                 "arguments": "",
                 "status": "in_progress",
             }
-            index = self._add_item(call_id, item, out)
-        return index
-
-    def _call_done(self, call_id: str, name: str, arguments: str, out: list[dict[str, Any]]) -> None:
-        index = self._call_item(call_id, name, out)
-        del self._open[call_id]
-        item = self.response["output"][index]
-        item["arguments"] = arguments
-        self._event(
-            "response.function_call_arguments.done",
-            out,
-            item_id=item["id"],
-            output_index=index,
-            name=item["name"],
-            arguments=arguments,
-        )
-        self._done_item(index, out)
-
-    def _call_output(self, call_id: str, name: str, output: str, out: list[dict[str, Any]]) -> None:
-        item = {
-            "id": self._item_id("fco"),
-            "type": "function_call_output",
-            "call_id": call_id,
-            "name": name or None,
-            "output": output,
-            "status": "completed",
-        }
-        index = self._add_item(None, item, out)
-        self._event("response.output_item.done", out, output_index=index, item=_copy(item))
+            index = self._add_item(None, item, out)
+            if held.arguments:
+                self._event(
+                    "response.function_call_arguments.delta",
+                    out,
+                    item_id=item["id"],
+                    output_index=index,
+                    delta=held.arguments,
+                )
+            item["arguments"] = held.arguments
+            self._event(
+                "response.function_call_arguments.done",
+                out,
+                item_id=item["id"],
+                output_index=index,
+                name=held.name,
+                arguments=held.arguments,
+            )
+            status = "completed" if ended_well and held.complete else "incomplete"
+            self._done_item(index, out, status=status)
+        self._held.clear()
 
     # -- the turn's events ----------------------------------------------------------------------
 
@@ -275,42 +345,42 @@ class ResponseLog:
         elif kind == "reasoning_end":
             self._block_end(f"r:{event.reasoning_end.id}", out)
         elif kind == "tool_input_start":
-            self._call_item(event.tool_input_start.tool_call_id, event.tool_input_start.tool_name, out)
+            self._hold(event.tool_input_start.tool_call_id, event.tool_input_start.tool_name)
         elif kind == "tool_input_delta":
-            delta = event.tool_input_delta
-            index = self._open.get(delta.tool_call_id)
-            if index is not None:
-                item = self.response["output"][index]
-                item["arguments"] += delta.input_text_delta
-                self._event(
-                    "response.function_call_arguments.delta",
-                    out,
-                    item_id=item["id"],
-                    output_index=index,
-                    delta=delta.input_text_delta,
-                )
+            if (held := self._held.get(event.tool_input_delta.tool_call_id)) is not None:
+                held.arguments += event.tool_input_delta.input_text_delta
         elif kind == "tool_input_available":
             available = event.tool_input_available
-            self._call_done(available.tool_call_id, available.tool_name, available.input_json or "{}", out)
+            held = self._hold(available.tool_call_id, available.tool_name)
+            held.arguments, held.complete = available.input_json or "{}", True
         elif kind == "tool_input_error":
             failed = event.tool_input_error
-            self._call_done(failed.tool_call_id, failed.tool_name, failed.raw_input, out)
-            self._call_output(failed.tool_call_id, failed.tool_name, failed.error_text, out)
+            self._hold(failed.tool_call_id, failed.tool_name).arguments = failed.raw_input
+            self._server_call(
+                failed.tool_call_id, failed.tool_name, out, output=None, error=failed.error_text
+            )
         elif kind == "tool_output_available" and not event.tool_output_available.preliminary:
             result = event.tool_output_available
-            self._call_output(result.tool_call_id, result.tool_name, result.output_json, out)
+            self._server_call(
+                result.tool_call_id, result.tool_name, out, output=result.output_json, error=None
+            )
         elif kind == "tool_output_error":
-            self._call_output(
-                event.tool_output_error.tool_call_id,
-                event.tool_output_error.tool_name,
-                event.tool_output_error.error_text,
+            failed_call = event.tool_output_error
+            self._server_call(
+                failed_call.tool_call_id,
+                failed_call.tool_name,
                 out,
+                output=None,
+                error=failed_call.error_text,
             )
         elif kind == "tool_output_denied":
             denied = event.tool_output_denied
-            self._call_output(denied.tool_call_id, denied.tool_name, denied.reason or "denied", out)
+            self._server_call(
+                denied.tool_call_id, denied.tool_name, out, output=None, error=denied.reason or "denied"
+            )
         elif kind == "attempt_start":
             self._close_open(out)
+            self._release_held(out, ended_well=False)
         elif kind == "step_finish":
             self._finish_length = event.step_finish.finish_reason == event_pb2.FINISH_REASON_LENGTH
         elif kind == "turn_end":
@@ -323,6 +393,7 @@ class ResponseLog:
             self._event("response.created", out, response=self.snapshot())
         status = _STATUS.get(end.status, "failed")
         self._close_open(out)
+        self._release_held(out, ended_well=status == "completed")
         if status == "completed" and self._finish_length:
             status = "incomplete"
             self.response["incomplete_details"] = {"reason": "max_output_tokens"}
@@ -332,8 +403,8 @@ class ResponseLog:
             status = "failed"
             self.response["error"] = turn_error(end.error)
         self.response["status"] = status
-        self.response["usage"] = usage_of(end.usage)
-        self.response["completed_at"] = int(time.time())
+        self.response["usage"] = usage_of(end.usage) if self._usage_known else None
+        self.response["completed_at"] = int(time.time()) if self._completed_at is None else self._completed_at
         self.ended = True
         self._event(_TERMINAL_EVENT[status], out, response=self.snapshot())
 
@@ -348,6 +419,91 @@ class ResponseLog:
         return {**self.response, "output": [_copy(item) for item in self.response["output"]]}
 
 
+def stored_log(turn: chat_service_pb2.Turn) -> ResponseLog:
+    """An empty :class:`ResponseLog` for ``turn`` (``ListTurns``), a turn whose events are gone
+    (past ``durability.event_retention_seconds``) but whose record and reply are stored, to feed
+    :func:`stored_events` into: its model, the turn's start and end times as ``created_at`` and
+    ``completed_at``, and ``usage`` None."""
+    return ResponseLog(
+        turn.request_id,
+        echo={"model": turn.model},
+        created_at=turn.start_time.seconds if turn.HasField("start_time") else None,
+        completed_at=turn.end_time.seconds if turn.HasField("end_time") else None,
+        usage_known=False,
+    )
+
+
+def stored_events(
+    turn: chat_service_pb2.Turn, reply: message_pb2.Message | None
+) -> list[event_pb2.TurnEvent]:
+    """The turn events a replay of stored turn ``turn`` would be, made from its record and its
+    assistant message ``reply`` (None when it has none), numbered from 1: what the stored reply
+    keeps maps as the events did (text, reasoning, the calls and results of the sidecar's own
+    tools; a client tool's call without the result the client sent later, as when it ended the
+    response). The TurnEnd carries no usage (a turn record keeps its cost, not its tokens: the
+    Response's ``usage`` is None) and no finish reason (an ``incomplete`` for
+    ``max_output_tokens`` reads as ``completed``). Not the numbering of the turn's own events."""
+    events: list[event_pb2.TurnEvent] = []
+
+    def add(**kind: Any) -> None:
+        events.append(
+            event_pb2.TurnEvent(
+                conversation_id=turn.conversation_id,
+                request_id=turn.request_id,
+                sequence_number=len(events) + 1,
+                **kind,
+            )
+        )
+
+    add(turn_start=event_pb2.TurnStart(message_id=turn.assistant_message_id, model=turn.model))
+    for number, part in enumerate(reply.parts if reply is not None else ()):
+        block = f"stored-{number}"
+        kind = part.WhichOneof("kind")
+        if kind == "text":
+            add(text_start=event_pb2.TextStart(id=block))
+            add(text_delta=event_pb2.TextDelta(id=block, delta=part.text.text))
+            add(text_end=event_pb2.TextEnd(id=block))
+        elif kind == "reasoning" and not part.reasoning.redacted:
+            add(reasoning_start=event_pb2.ReasoningStart(id=block))
+            add(reasoning_delta=event_pb2.ReasoningDelta(id=block, delta=part.reasoning.text))
+            add(reasoning_end=event_pb2.ReasoningEnd(id=block))
+        elif kind == "tool_call":
+            call = part.tool_call
+            call_id, name = call.tool_call_id, call.tool_name
+            add(
+                tool_input_available=event_pb2.ToolInputAvailable(
+                    tool_call_id=call_id, tool_name=name, input_json=call.input_json or "{}"
+                )
+            )
+            if call.client_executed:
+                continue  # the response ended at the call; the client sent its result
+            if call.state == message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE:
+                add(
+                    tool_output_available=event_pb2.ToolOutputAvailable(
+                        tool_call_id=call_id, tool_name=name, output_json=call.output_json
+                    )
+                )
+            elif call.state == message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR:
+                add(
+                    tool_output_error=event_pb2.ToolOutputError(
+                        tool_call_id=call_id, tool_name=name, error_text=call.error_text
+                    )
+                )
+            elif call.state == message_pb2.TOOL_CALL_STATE_OUTPUT_DENIED:
+                add(
+                    tool_output_denied=event_pb2.ToolOutputDenied(
+                        tool_call_id=call_id, tool_name=name, reason=call.approval.reason
+                    )
+                )
+    end = event_pb2.TurnEnd(status=turn.status)
+    if turn.HasField("error"):
+        end.error.CopyFrom(turn.error)
+    if reply is not None:
+        end.message.CopyFrom(reply)
+    add(turn_end=end)
+    return events
+
+
 def _copy(item: dict[str, Any]) -> dict[str, Any]:
     copied = dict(item)
     if "content" in copied:
@@ -355,4 +511,4 @@ def _copy(item: dict[str, Any]) -> dict[str, Any]:
     return copied
 
 
-__all__ = ["ResponseLog", "usage_of"]
+__all__ = ["ResponseLog", "stored_events", "stored_log", "usage_of"]

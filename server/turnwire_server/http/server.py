@@ -44,6 +44,7 @@ from turnwire_server.http.doors import (
     health_door,
     inspector_door,
     openai_door,
+    openai_unserved_door,
 )
 from turnwire_server.http.settings import HttpSettings
 from turnwire_server.listen_check import ListenAddressError, check_listen_address, hold_listen_address
@@ -57,6 +58,7 @@ DOORS: tuple[DoorFactory, ...] = (
     ag_ui_door,
     ai_sdk_door,
     inspector_door,
+    openai_unserved_door,
 )
 """The doors of the listener, in route order (docs/http.md#adding-a-door)."""
 
