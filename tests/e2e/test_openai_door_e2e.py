@@ -525,6 +525,45 @@ async def test_an_idempotency_key_makes_the_sdks_retries_one_response(
     assert len((await grpc_a.get_conversation("oa-keyed")).messages) == 2  # still ran once
 
 
+async def test_an_idempotency_key_makes_chat_completions_retries_one_completion(
+    sidecar: SidecarProcess, grpc_a: TurnwireClient
+) -> None:
+    """The same kind on Chat Completions with a named conversation (stop 67): each SDK retry
+    stored the question again and ran the turn again. With ``Idempotency-Key`` the retries and a
+    later resend answer the first request's completion, its question stored once."""
+    key = f"key-{uuid.uuid4().hex}"
+    sent: list[str | None] = []
+
+    async def count(request: Any) -> None:
+        sent.append(request.headers.get("idempotency-key"))
+
+    hasty = openai.AsyncOpenAI(
+        base_url=f"{http_base(sidecar)}/v1",
+        api_key=TOKEN_A,
+        timeout=0.5,
+        max_retries=2,
+        http_client=openai.DefaultAsyncHttpxClient(event_hooks={"request": [count]}),
+    )
+    create: dict[str, Any] = {
+        "model": "scripted:paced",
+        "messages": [{"role": "user", "content": "hi"}],
+        "extra_body": {"conversation": "cc-keyed"},
+        "extra_headers": {"Idempotency-Key": key},
+    }
+    async with hasty:  # the turn takes 2 s: the first request times out, a retry follows the turn
+        completion = await hasty.chat.completions.create(**create)
+    assert len(sent) >= 2 and set(sent) == {key}, sent
+    assert completion.choices[0].message.content == "one two three four five six"
+    stored = await grpc_a.get_conversation("cc-keyed")
+    assert [m.role for m in stored.messages] == [message_pb2.ROLE_USER, message_pb2.ROLE_ASSISTANT]
+    async with openai_client(sidecar) as client:  # sent again later, streamed: the same completion
+        chunks = [chunk async for chunk in await client.chat.completions.create(**create, stream=True)]
+    assert {chunk.id for chunk in chunks} == {completion.id}
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+    assert text == "one two three four five six"
+    assert len((await grpc_a.get_conversation("cc-keyed")).messages) == 2  # still ran once
+
+
 async def test_chat_completions_refuse_more_than_one_choice(client: openai.AsyncOpenAI) -> None:
     """``n`` above 1 is refused naming ``n``. Before, it was dropped: ``n=2`` answered one choice,
     so code reading ``choices[1]`` failed far from the cause."""

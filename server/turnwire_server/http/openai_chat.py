@@ -31,7 +31,7 @@ from starlette.routing import Route
 
 from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 from turnwire_server.http.calls import CallEnded, DoorCallInfo, InProcessCalls
-from turnwire_server.http.openai_door import call_info, json_response, read_body, struct_of
+from turnwire_server.http.openai_door import call_info, json_response, keyed_id, read_body, struct_of
 from turnwire_server.http.openai_errors import bad_request, ended_error, ended_response
 from turnwire_server.http.openai_request import item_params
 
@@ -336,7 +336,8 @@ class ChatCompletionsDoor:
         named = body.get("conversation")
         if named is not None and not isinstance(named, str):
             return bad_request("conversation: a Turnwire conversation id (a string)", "conversation")
-        completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+        key = request.headers.get("idempotency-key")
+        completion_id = keyed_id("chatcmpl-", key) if key else f"chatcmpl-{uuid.uuid4().hex}"
         conversation = named or completion_id
         common: dict[str, Any] = {
             "conversation_id": conversation,
@@ -350,18 +351,16 @@ class ChatCompletionsDoor:
         except _Problem as problem:
             return bad_request(problem.message, problem.param)
         message.client_tools.extend(client_tools)  # type: ignore[attr-defined]
+        for index, stored in enumerate(getattr(message, "messages", ()) if key else ()):
+            stored.id = stored.id or f"{completion_id}.m{index}"  # a retry's input is the same input
         params = _PARAMS | items
         call = call_info(request)
         completion = _Completion(completion_id, str(body.get("model") or ""), {t.name for t in client_tools})
-        events: AsyncIterator[Any] = self.calls.stream(_SERVICE + method, message, call)
         forget = None if named else conversation
-        try:
-            first = await anext(events)
-        except CallEnded as ended:
-            await self._forget(forget, call)
-            return ended_response(ended, param_names=params)
-        except StopAsyncIteration:
-            first = None
+        opened = await self._open(method, message, call, completion_id if key else None, forget)
+        if isinstance(opened, CallEnded):
+            return ended_response(opened, param_names=params)
+        first, events, forget = opened
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return EventSourceResponse(
@@ -419,6 +418,45 @@ class ChatCompletionsDoor:
         finally:
             await events.aclose()  # type: ignore[attr-defined]
             await self._forget(forget, call)
+
+    async def _open(
+        self, method: str, message: Message, call: DoorCallInfo, keyed: str | None, forget: str | None
+    ) -> tuple[Any, AsyncIterator[Any], str | None] | CallEnded:
+        """The turn's first event (None: its stream ended without one), its events, and the
+        conversation to delete at the end (``forget``, or None when this request follows another's
+        turn); or the refusal to answer (``forget`` deleted). ``keyed``: the completion id an
+        ``Idempotency-Key`` made: a turn recorded under it is that key's first request's, followed
+        or read again instead of running again (docs/api/openai.md#retries-and-idempotency-keys)."""
+        if keyed is not None and (followed := await self._follow(keyed, call)) is not None:
+            return (*followed, None)
+        events: AsyncIterator[Any] = self.calls.stream(_SERVICE + method, message, call)
+        try:
+            return await anext(events), events, forget
+        except StopAsyncIteration:
+            return None, events, forget
+        except CallEnded as ended:
+            # The same key sent twice at once: the other request's turn started first.
+            if (
+                keyed is not None
+                and ended.code == grpc.StatusCode.ALREADY_EXISTS
+                and (followed := await self._follow(keyed, call)) is not None
+            ):
+                return (*followed, None)
+            await self._forget(forget, call)
+            return ended
+
+    async def _follow(self, completion_id: str, call: DoorCallInfo) -> tuple[Any, AsyncIterator[Any]] | None:
+        """The first event of turn ``completion_id`` and its events from its start (``ResumeTurn``);
+        None when there is no such turn or its events cannot be read (its conversation was
+        deleted, they are past their retention)."""
+        replay: AsyncIterator[Any] = self.calls.stream(
+            _SERVICE + "ResumeTurn", chat_service_pb2.ResumeTurnRequest(request_id=completion_id), call
+        )
+        try:
+            return await anext(replay), replay
+        except (CallEnded, StopAsyncIteration):
+            await replay.aclose()  # type: ignore[attr-defined]
+            return None
 
     async def _forget(self, conversation: str | None, call: DoorCallInfo) -> None:
         """Delete the call's own conversation (none was named): nothing outlives the call."""

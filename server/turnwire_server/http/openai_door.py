@@ -142,7 +142,7 @@ class ResponsesDoor:
             return bad_request(problem.message, problem.param)
         call = call_info(request)
         key = request.headers.get("idempotency-key")
-        response_id = _keyed_id(key) if key else f"resp-{uuid.uuid4().hex}"
+        response_id = keyed_id("resp-", key) if key else f"resp-{uuid.uuid4().hex}"
         if key and await self._exists(response_id, call):  # a retry: the first request's response
             return await self._read(response_id, call, stream=bool(parsed.stream))
         if parsed.conversation_id and parsed.previous_response_id:
@@ -525,10 +525,11 @@ class ResponsesDoor:
         return await self._read(response_id, call, stream=False)
 
 
-def _keyed_id(key: str) -> str:
-    """The response id of the requests sent with ``Idempotency-Key: key``: the same for every
-    retry, so they answer one response (docs/api/openai.md#retries-and-idempotency-keys)."""
-    return "resp-" + hashlib.sha256(key.encode()).hexdigest()[:32]
+def keyed_id(prefix: str, key: str) -> str:
+    """The id (``prefix`` then 32 hex digits) of the requests sent with ``Idempotency-Key: key``:
+    the same for every retry, so they answer one response or completion
+    (docs/api/openai.md#retries-and-idempotency-keys). Per tenant: store keys carry the tenant."""
+    return prefix + hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
 async def _after(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
@@ -558,4 +559,4 @@ def _frames(events: list[dict[str, Any]], after: int) -> bytes:
     )
 
 
-__all__ = ["ResponsesDoor", "call_info", "json_response", "read_body", "struct_of"]
+__all__ = ["ResponsesDoor", "call_info", "json_response", "keyed_id", "read_body", "struct_of"]
