@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+from providers.helpers import a_text_stream
 from providers.replay import ReplayServer, Reply
 from support.sidecar import SidecarFactory
 from support.stores import postgres_database
@@ -149,5 +150,47 @@ async def test_no_log_line_holds_a_secret(
     assert "chat request failed" in log and "Incorrect API key provided: ***" in log, log
     for secret in (api_key, token, password):
         assert secret not in log, f"{secret!r} was logged:\n{log}"
+    if log_format == "json":
+        json_lines(log)
+
+
+@pytest.mark.parametrize("log_format", ["json", "text"])
+async def test_debug_lines_hold_no_conversation_content(
+    sidecar_factory: SidecarFactory, provider: ReplayServer, log_format: str
+) -> None:
+    """At DEBUG the Anthropic SDK logs each request's options; before, with the body in them
+    (``'content': b'{"messages": [… the user's text …]'``): every prompt, the system prompt and
+    the whole history landed in the log of an operator who turned DEBUG on to look at a failure,
+    although message content reaches spans only with ``capture_message_content``. The line stays,
+    without its body."""
+    prompt = f"my card is {secrets.token_hex(8)}"
+    system = f"house rules {secrets.token_hex(8)}"
+    provider.enqueue(Reply.sse(a_text_stream("Noted.")))
+    config = {
+        "logging": {"level": "debug", "format": log_format},
+        "system_prompt": system,
+        "default_model": "anthropic:claude-test",
+        "providers": {
+            "anthropic": {
+                "type": "anthropic",
+                "api_key_env": "LOG_TEST_A_KEY",
+                "base_url": provider.url,
+                "max_retries": 0,
+            }
+        },
+    }
+    sidecar = sidecar_factory(config=config, env={"LOG_TEST_A_KEY": "sk-ant-log-test"})
+    await sidecar.start()
+    async with TurnwireClient(sidecar.target) as client:
+        result = await collect(client.chat("content-1", prompt))
+    assert await sidecar.terminate() == 0
+    log = sidecar.log_text()
+
+    assert result.status == event_pb2.TURN_STATUS_COMPLETED and result.text == "Noted."
+    assert prompt in provider.requests[0].body.decode()  # the text really went out
+    options = [line for line in log.splitlines() if "Request options" in line]
+    assert options and all("/v1/messages" in line and "omitted" in line for line in options), log
+    for content in (prompt, system):
+        assert content not in log, f"{content!r} was logged:\n{log}"
     if log_format == "json":
         json_lines(log)
