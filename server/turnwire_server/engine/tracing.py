@@ -479,6 +479,17 @@ class Tracing:
             )
         span.set_attributes(attributes)  # one call: the SDK takes its lock once
 
+    def cut_chat(self, usage: Usage, cost: Cost | None) -> None:
+        """Record on the current model call's span, a step cut short (a cancel, a stall, an
+        in-stream error, a timeout), the usage the provider reported before the cut and its cost
+        (:func:`_cost`): the turn's span and the metrics count them (docs/semantics.md §11), so
+        the turn's usage is the sum of its ``chat`` spans'."""
+        if self._spans is None:
+            return
+        span = trace.get_current_span()
+        if span.is_recording():
+            span.set_attributes({**_usage(usage), **_cost(cost)})
+
     def tool(
         self, tool_call_id: str, tool_name: str, tool: Tool, arguments: Mapping[str, Any]
     ) -> _Scope | _Off:
