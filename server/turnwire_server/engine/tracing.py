@@ -413,13 +413,19 @@ class Tracing:
         usage: Usage,
         error: BaseException | None,
         cost: Cost | None = None,
+        cancel_cause: str = "",
     ) -> None:
         """Record how the turn ended: ``turnwire.turn.status`` (completed, error, aborted,
         interrupted, skipped, refused: a budget refused it at its admission), its summed usage and
-        cost (:func:`_cost`), and for ``error`` and ``refused`` the error."""
+        cost (:func:`_cost`), for ``error`` and ``refused`` the error, and for a turn a plain
+        cancel ended who asked (``turnwire.turn.cancel_cause``: ``cancel_request``,
+        ``caller_left``)."""
         if not span.is_recording():
             return
-        span.set_attributes({"turnwire.turn.status": outcome, **_usage(usage), **_cost(cost)})
+        attributes = {"turnwire.turn.status": outcome, **_usage(usage), **_cost(cost)}
+        if cancel_cause and outcome == "aborted":
+            attributes["turnwire.turn.cancel_cause"] = cancel_cause
+        span.set_attributes(attributes)
         if outcome in ("error", "refused") and error is not None:
             fail(span, error)
 
