@@ -32,6 +32,17 @@ def bind(conversation_id: str = "", request_id: str = "") -> None:
         REQUEST_ID.set(request_id)
 
 
+def bind_request(request: object) -> None:
+    """Name the conversation and request of a call from its request message's fields
+    (``conversation_id``; ``request_id``, else ``submission_id``): :func:`bind` where a call
+    begins, and again once its ids are scoped to the caller's tenant (``<tenant>/<id>``, as the
+    turn's own lines spell them)."""
+    bind(
+        getattr(request, "conversation_id", ""),
+        getattr(request, "request_id", "") or getattr(request, "submission_id", ""),
+    )
+
+
 class LogContextFilter(logging.Filter):
     """Sets :data:`CONTEXT_FIELDS` on each record (install it on a handler; it drops nothing).
     A value the caller passed in ``extra`` wins."""
@@ -50,4 +61,4 @@ class LogContextFilter(logging.Filter):
         return True
 
 
-__all__ = ["CONTEXT_FIELDS", "CONVERSATION_ID", "REQUEST_ID", "LogContextFilter", "bind"]
+__all__ = ["CONTEXT_FIELDS", "CONVERSATION_ID", "REQUEST_ID", "LogContextFilter", "bind", "bind_request"]

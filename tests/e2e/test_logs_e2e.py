@@ -9,6 +9,7 @@ import os
 import re
 import secrets
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -17,6 +18,7 @@ from providers.helpers import a_text_stream
 from providers.replay import ReplayServer, Reply
 from support.sidecar import SidecarFactory
 from support.stores import postgres_database
+from support.tokens import auth_config, new_token, write_tokens_file
 
 from turnwire_client import TurnwireClient, collect
 from turnwire_client.v1 import event_pb2
@@ -194,3 +196,35 @@ async def test_debug_lines_hold_no_conversation_content(
         assert content not in log, f"{content!r} was logged:\n{log}"
     if log_format == "json":
         json_lines(log)
+
+
+async def test_a_calls_lines_name_its_tenants_conversation(
+    sidecar_factory: SidecarFactory, tmp_path: Path
+) -> None:
+    """Two tenants use the same conversation id and both hang up a turn. A turn's lines name its
+    ids as store keys (``acme/same``, docs/operate/authentication.md); before, the lines of the
+    call around it (gRPC's own cancel line, a store error while reading) named the client's bare
+    ``same``: a log search by the turn's conversation_id missed them, and one by ``same`` mixed
+    the two tenants' calls."""
+    acme, globex = new_token(), new_token()
+    tokens = write_tokens_file(
+        tmp_path / "tokens.yaml", {acme: ("app-a", "acme"), globex: ("app-g", "globex")}
+    )
+    slow = {"slow": [{"text": " ".join(f"w{n}" for n in range(200)), "delay_ms": 20}]}
+    config = {
+        "logging": {"level": "debug", "format": "json"},
+        "providers": {"scripted": {"scripts": slow}},
+        "auth": auth_config(tokens),
+    }
+    sidecar = await sidecar_factory(config=config).start()
+    for token in (acme, globex):
+        async with TurnwireClient(sidecar.target, token=token) as client:
+            async for event in client.chat("same", "go", model="scripted:slow"):
+                if event.HasField("text_delta"):
+                    break  # the client hangs up
+    assert await sidecar.terminate() == 0
+
+    records = json_lines(sidecar.log_text())
+    named = {(r["logger"], r["conversation_id"]) for r in records if "conversation_id" in r}
+    assert ("grpc._cython.cygrpc", "acme/same") in named and ("grpc._cython.cygrpc", "globex/same") in named
+    assert {conversation for _, conversation in named} == {"acme/same", "globex/same"}, named
