@@ -390,7 +390,7 @@ async def _start(
         stop_requested=stop_requested,
     )
     try:
-        tracing, tracer_provider = open_tracing(settings)
+        tracing, tracer_provider = open_tracing(settings, replica_id)
         # Before the engine: the turns it recovers count against their tenants' shares already.
         gate = CallGate(settings.limits.max_concurrent_rpcs, tenant_shares=settings.tenant_shares)
         engine = TurnEngine(

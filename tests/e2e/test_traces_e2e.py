@@ -9,6 +9,7 @@ tool host must receive the tool call span's trace context in its call's metadata
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import grpc
@@ -18,7 +19,7 @@ from support.tool_host import ToolHostProcess
 from support.traces import CALLER_SPAN_ID, TRACE_ID, TRACEPARENT
 from support.waiting import wait_until
 
-from turnwire_client import TurnwireClient
+from turnwire_client import TurnwireClient, collect
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, message_pb2
 
 COLLECTOR_TOKEN = "tok-4f1c2a9e-secret"
@@ -133,3 +134,23 @@ async def test_a_cancelled_turn_says_who_cancelled_it_in_its_span_and_log(
         ("INFO", "stopped", "r-stopped"),
         ("INFO", "left", "r-left"),
     }, lines
+
+
+async def test_the_spans_name_the_replica_that_ran_the_turn(sidecar_factory: SidecarFactory) -> None:
+    """Before, each process's spans carried the SDK's random ``service.instance.id``, a UUID
+    named nowhere else: with several replicas (or ``--workers``) a trace did not say which one ran
+    the turn or recovered it. It is now the replica id the start-up line, the supervisor's worker
+    lines and the store's ``application_name`` (``turnwire/<replica id>``) name."""
+    async with otlp_receiver() as receiver:
+        sidecar = await sidecar_factory(
+            config={"tracing": {"enabled": True, "endpoint": receiver.endpoint}},
+            env={"OTEL_BSP_SCHEDULE_DELAY": "50"},
+        ).start()
+        async with TurnwireClient(sidecar.target) as client:
+            await collect(client.chat("which", "hi"))
+        await wait_until(lambda: receiver.named("invoke_agent turnwire"), what="the turn span")
+        await sidecar.terminate()
+    replica = re.search(r"replica (replica-[0-9a-f]{12})", sidecar.log_text())
+    assert replica is not None, sidecar.log_text()
+    (turn,) = receiver.named("invoke_agent turnwire")
+    assert turn.resource["service.instance.id"] == replica.group(1)
