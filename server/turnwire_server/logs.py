@@ -23,7 +23,7 @@ from typing import Any, Final, Literal, TextIO
 
 from pythonjsonlogger.json import JsonFormatter
 
-from turnwire_server.log_context import CONTEXT_FIELDS, LogContextFilter
+from turnwire_server.log_context import CONTEXT_FIELDS, REPLICA_FIELD, LogContextFilter
 from turnwire_server.redaction import Redactor, redactor_for
 
 LogFormat = Literal["text", "json"]
@@ -67,7 +67,7 @@ class _JsonFormatter(JsonFormatter):
         self.redactor = redactor
 
     def process_log_record(self, log_data: dict[str, Any]) -> dict[str, Any]:
-        for name in CONTEXT_FIELDS:
+        for name in (*CONTEXT_FIELDS, REPLICA_FIELD):
             if not log_data.get(name):
                 log_data.pop(name, None)
         return {key: self._redacted(value) for key, value in log_data.items()}

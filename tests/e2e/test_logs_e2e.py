@@ -228,3 +228,25 @@ async def test_a_calls_lines_name_its_tenants_conversation(
     named = {(r["logger"], r["conversation_id"]) for r in records if "conversation_id" in r}
     assert ("grpc._cython.cygrpc", "acme/same") in named and ("grpc._cython.cygrpc", "globex/same") in named
     assert {conversation for _, conversation in named} == {"acme/same", "globex/same"}, named
+
+
+async def test_json_lines_name_the_replica(sidecar_factory: SidecarFactory) -> None:
+    """``--workers`` writes its workers' lines to one stderr, and replicas' logs are read side
+    by side: before, no field said which replica wrote a line (which one recovered a turn, which
+    one lost its store). JSON lines carry ``replica_id``, the id the start-up line, the spans'
+    ``service.instance.id`` and the store's sessions name."""
+    config = {
+        "logging": {"format": "json", "level": "debug"},
+        "providers": {"scripted": {"scripts": SCRIPTS}},
+    }
+    sidecar = await sidecar_factory(config=config).start()
+    async with TurnwireClient(sidecar.target) as client:
+        await collect(client.chat("rep-1", "weather?", model="scripted:weather", request_id="req-rep"))
+    assert await sidecar.terminate() == 0
+    records = json_lines(sidecar.log_text())
+    listening = next(r for r in records if r["message"].startswith("turnwire listening"))
+    replica = re.search(r"replica (replica-[0-9a-f]{12})", listening["message"])
+    assert replica is not None, listening
+    turn_lines = [r for r in records if r.get("request_id") == "req-rep"]
+    assert turn_lines and all(r.get("replica_id") == replica.group(1) for r in turn_lines), turn_lines
+    assert listening["replica_id"] == replica.group(1)
