@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import gc
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -439,3 +440,18 @@ async def test_a_refused_recovery_is_given_up_while_another_of_its_claim_still_w
     h.engine.start, h.store.load_messages = start, load  # type: ignore[method-assign]
     h.store.release_leases = release  # type: ignore[method-assign]
     await replica.stop()
+
+
+async def test_the_recovery_line_names_its_turn_in_the_log_fields(
+    make_engine: EngineFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A recovery starts in the replica's claim loop, outside any call or turn: before, its
+    ``recovering turn …`` line named the turn in its text only, without the ``conversation_id``
+    and ``request_id`` fields every turn's lines carry, so filtering a JSON log by the turn's
+    request id (docs/operate/logs.md) missed the line that says another replica took it over."""
+    h = await make_engine(scripts={"main": [ScriptStep(text="the answer")]})
+    claimed = await _a_stranded_turn_claimed(h, "r-logged")
+    caplog.set_level(logging.WARNING, logger="turnwire.engine")
+    await _recovered_once(h, "r-logged", claimed)
+    (line,) = [r for r in caplog.records if r.getMessage().startswith("recovering turn")]
+    assert (getattr(line, "conversation_id", None), getattr(line, "request_id", None)) == (CONV, "r-logged")

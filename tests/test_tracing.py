@@ -40,7 +40,7 @@ from support.waiting import wait_until
 
 from turnwire.hooks import Middleware, SessionContext, TurnConfig, TurnContext
 from turnwire.providers import ModelRequest
-from turnwire.testing import ScriptedProvider, ScriptStep
+from turnwire.testing import ScriptedProvider, ScriptedUsage, ScriptStep
 from turnwire.types import ModelChunk
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, message_pb2
 from turnwire_server.app import start
@@ -245,6 +245,52 @@ async def test_a_failed_model_call_marks_its_span_and_the_turn_with_the_error_cl
         assert span.status.status_code == StatusCode.ERROR, span.name
         assert span.attributes is not None and span.attributes["error.type"] == "rate_limit", span.name
     assert one(spans, "invoke_agent turnwire").attributes["turnwire.turn.status"] == "error"  # type: ignore[index]
+
+
+async def test_a_step_cut_short_carries_the_usage_its_turn_counts(make_engine: EngineFactory) -> None:
+    """A cancelled step and a step an in-stream error ended: before, their ``chat`` spans had no
+    usage at all while the turn's span (and ``turnwire_tokens_total``) counted the 1200 and 900
+    input tokens the provider reported before the cut, so summing a trace's model calls did not
+    give the turn's usage (docs/semantics.md §11)."""
+    long = " ".join(f"w{i}" for i in range(200))
+    overloaded = {"message": "Overloaded", "status": 529, "type": "overloaded_error", "after_chunks": 2}
+    tracing, exporter = memory_tracing()
+    h = await make_engine(
+        scripts={
+            "main": [ScriptStep(text=long, delay_ms=5, usage=ScriptedUsage(input_tokens=1200))],
+            "broken": [ScriptStep(text=long, usage=ScriptedUsage(input_tokens=900), error=overloaded)],
+        },
+        tracing=tracing,
+    )
+    handle = await h.start("go")
+
+    def cancel_at_first_delta(kind: str) -> None:
+        if kind == "text_delta":
+            handle.cancel()
+
+    await collect(handle, cancel_at_first_delta)
+    await collect(await h.start("go", model="scripted:broken", conversation_id="conv-broken"))
+    spans = exporter.get_finished_spans()
+    for status, tokens in (("aborted", 1200), ("error", 900)):
+        (turn,) = [
+            s
+            for s in named(spans, "invoke_agent turnwire")
+            if _attributes(s)["turnwire.turn.status"] == status
+        ]
+        (chat,) = [
+            s for s in spans if s.name.startswith("chat ") and s.parent and s.parent.span_id == span_id(turn)
+        ]
+        assert (
+            _attributes(chat)["gen_ai.usage.input_tokens"]
+            == _attributes(turn)["gen_ai.usage.input_tokens"]
+            == tokens
+        )
+
+
+def _attributes(span: Any) -> Any:
+    """``span``'s attributes (never None here)."""
+    assert span.attributes is not None
+    return span.attributes
 
 
 async def test_a_recovered_turn_starts_a_new_trace_linked_to_its_callers() -> None:

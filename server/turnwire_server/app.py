@@ -77,6 +77,7 @@ from turnwire_server.hooks.chain import MiddlewareChain
 from turnwire_server.http.calls import InProcessCalls, MethodTable
 from turnwire_server.http.doors import DoorContext
 from turnwire_server.http.server import HttpListener, HttpListenError, start_http
+from turnwire_server.log_context import name_replica
 from turnwire_server.metrics_endpoint import MetricsEndpoint, start_metrics_endpoint
 from turnwire_server.providers.registry import ProviderRegistry
 from turnwire_server.remote_hooks import RemoteMiddleware
@@ -362,6 +363,7 @@ async def _start(
     except SubagentConfigError as error:
         raise StartupError(str(error)) from error
     replica_id = new_replica_id()
+    name_replica(replica_id)  # every log line from here on, as its spans name it
     store = await open_configured_store(
         settings.store,
         patience_seconds=settings.durability.store_outage_seconds,
@@ -369,7 +371,7 @@ async def _start(
         stop_requested=stop_requested,
     )
     try:
-        tracing, tracer_provider = open_tracing(settings)
+        tracing, tracer_provider = open_tracing(settings, replica_id)
         # Before the engine: the turns it recovers count against their tenants' shares already.
         gate = CallGate(settings.limits.max_concurrent_rpcs, tenant_shares=settings.tenant_shares)
         engine = TurnEngine(

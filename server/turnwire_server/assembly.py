@@ -433,16 +433,17 @@ async def open_configured_store(
     return store
 
 
-def open_tracing(settings: Settings) -> tuple[Tracing, TracerProvider | None]:
-    """The engine's span starter and the SDK provider to shut down at stop; tracing off (and no
-    SDK imported) unless ``tracing.enabled``. Raises :class:`StartupError`."""
+def open_tracing(settings: Settings, replica_id: str = "") -> tuple[Tracing, TracerProvider | None]:
+    """The engine's span starter and the SDK provider to shut down at stop, its spans'
+    ``service.instance.id`` the process's ``replica_id``; tracing off (and no SDK imported)
+    unless ``tracing.enabled``. Raises :class:`StartupError`."""
     if not settings.tracing.enabled:
         return TRACING_OFF, None
     # Imported only when on: the OpenTelemetry SDK and its exporter cost every start.
     from turnwire_server.trace_export import start_tracing
 
     try:
-        return start_tracing(settings.tracing)
+        return start_tracing(settings.tracing, replica_id)
     except OSError as error:
         raise StartupError(f"tracing.ca_file: {error}") from error
 

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final, Literal, TextIO
 
 from pythonjsonlogger.json import JsonFormatter
 
-from turnwire_server.log_context import CONTEXT_FIELDS, LogContextFilter
+from turnwire_server.log_context import CONTEXT_FIELDS, REPLICA_FIELD, LogContextFilter
 from turnwire_server.redaction import Redactor, redactor_for
 
 LogFormat = Literal["text", "json"]
@@ -67,7 +67,7 @@ class _JsonFormatter(JsonFormatter):
         self.redactor = redactor
 
     def process_log_record(self, log_data: dict[str, Any]) -> dict[str, Any]:
-        for name in CONTEXT_FIELDS:
+        for name in (*CONTEXT_FIELDS, REPLICA_FIELD):
             if not log_data.get(name):
                 log_data.pop(name, None)
         return {key: self._redacted(value) for key, value in log_data.items()}
@@ -110,6 +110,37 @@ class _StoreAddressFilter(logging.Filter):
         return True
 
 
+SDK_REQUEST_LOGGERS: Final = ("anthropic", "openai")
+"""The provider SDKs whose ``_base_client`` logs each request's options at DEBUG
+(``Request options: {…}``), its body included: the system prompt, the whole history, tool inputs
+and results."""
+
+REQUEST_BODY_KEYS: Final = frozenset({"json_data", "content", "extra_json", "files"})
+"""The keys of an SDK's request options that hold the request's body (conversation content)."""
+
+
+class _RequestBodyFilter(logging.Filter):
+    """Takes the body out of a provider SDK's ``Request options: {…}`` DEBUG record (a logger of
+    :data:`SDK_REQUEST_LOGGERS`), keeping its method, URL, headers and retry settings: message
+    content reaches no log line, at any level, as it reaches spans only with
+    ``tracing.capture_message_content`` (docs/operate/logs.md)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if (
+            record.name.startswith(SDK_REQUEST_LOGGERS)
+            and isinstance(record.msg, str)
+            and record.msg.startswith("Request options")
+            and isinstance(record.args, Mapping)
+        ):
+            kept = {key: value for key, value in record.args.items() if key not in REQUEST_BODY_KEYS}
+            omitted = sorted(str(key) for key in record.args if key in REQUEST_BODY_KEYS)
+            if omitted:
+                kept["omitted"] = f"{', '.join(omitted)} (the request body: conversation content)"
+            # A one-element tuple: a Mapping given as ``args`` would be read as named arguments.
+            record.args = (kept,)
+        return True
+
+
 def configure_process_logging(settings: Any) -> logging.Handler:
     """:func:`configure_logging` as ``turnwire serve`` and its workers do, from ``settings`` (a
     ``Settings``): its level and format, every secret it holds or names masked
@@ -135,6 +166,7 @@ def configure_logging(
     patterns only) applied; replaces the root logger's handlers. Returns the handler."""
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.addFilter(LogContextFilter())
+    handler.addFilter(_RequestBodyFilter())
     handler.setFormatter(formatter_for(log_format, redactor))
     root = logging.getLogger()
     for old in list(root.handlers):

@@ -27,7 +27,7 @@ import grpc
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.resources import SERVICE_NAME, SERVICE_VERSION, Resource
+from opentelemetry.sdk.resources import SERVICE_INSTANCE_ID, SERVICE_NAME, SERVICE_VERSION, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
@@ -210,8 +210,10 @@ class SdkSpans:
             staged.sampling = None
 
 
-def start_tracing(settings: TracingSettings) -> tuple[Tracing, TracerProvider | None]:
+def start_tracing(settings: TracingSettings, replica_id: str = "") -> tuple[Tracing, TracerProvider | None]:
     """The engine's :class:`Tracing` and the SDK provider behind it (None when tracing is off).
+    The spans' ``service.instance.id`` is ``replica_id`` (the id the start-up line, the store's
+    sessions and the lease log lines name), unless ``OTEL_RESOURCE_ATTRIBUTES`` sets it.
 
     Call ``provider.shutdown()`` at exit: it exports the spans still queued. Raises
     :class:`OSError` when ``ca_file`` cannot be read.
@@ -219,6 +221,8 @@ def start_tracing(settings: TracingSettings) -> tuple[Tracing, TracerProvider | 
     if not settings.enabled:
         return TRACING_OFF, None
     attributes: dict[str, str] = {SERVICE_VERSION: _version()}
+    if replica_id and f"{SERVICE_INSTANCE_ID}=" not in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", ""):
+        attributes[SERVICE_INSTANCE_ID] = replica_id
     if settings.service_name is not None:
         attributes[SERVICE_NAME] = settings.service_name
     elif not os.environ.get("OTEL_SERVICE_NAME"):

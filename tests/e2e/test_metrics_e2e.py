@@ -14,6 +14,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from providers.replay import ReplayServer, Reply
 from support.sidecar import SidecarError, SidecarFactory, free_port
@@ -57,6 +58,12 @@ def scrape(port: int) -> Samples:
         for family in text_string_to_metric_families(text)
         for sample in family.samples
     }
+
+
+def scrape_families(port: int) -> list[Metric]:
+    """The families of ``GET /metrics`` (parsed by prometheus-client)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return list(text_string_to_metric_families(response.read().decode()))
 
 
 def value(samples: Samples, name: str, **labels: str) -> float:
@@ -333,3 +340,63 @@ async def test_a_call_refused_without_a_token_counts_under_its_own_method_type(
     assert value(samples, "grpc_server_handled_total", **unary, grpc_code="Unauthenticated") == 1
     assert total(samples, "grpc_server_started_total", grpc_type="client_stream") == 0
     assert total(samples, "grpc_server_started_total", grpc_type="bidi_stream", grpc_service=CHAT) == 0
+
+
+METRICS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "operate" / "metrics.md"
+SELECTOR = re.compile(r"\b((?:turnwire|grpc_server)_[a-z_]+)(\{[^}]*\})?")
+BY = re.compile(r"\bby \(([^)]*)\)\s*\(([^\n]*)")
+HISTOGRAM_SERIES = ("_bucket", "_count", "_sum")
+
+
+def page_queries() -> list[str]:
+    """The PromQL lines of the metrics page's ``promql`` block (comments left out)."""
+    block = METRICS_PAGE.read_text().split("```promql\n", 1)[1].split("```", 1)[0]
+    return [line for line in block.splitlines() if line.strip() and not line.startswith("#")]
+
+
+async def test_the_pages_queries_name_real_families_and_labels(sidecar_factory: SidecarFactory) -> None:
+    """Each query of docs/operate/metrics.md, against a scrape after a priced tool turn and a
+    failed one: every family it names is exported with that type (``_bucket`` only on a
+    histogram) and every label it selects or groups by is one of the family's."""
+    metrics_port = free_port()
+    config = {
+        **CONFIG,
+        "metrics": {"enabled": True, "listen": f"127.0.0.1:{metrics_port}"},
+        "pricing": {"models": {"scripted:weather": {"input_mtok": 3.0, "output_mtok": 15.0}}},
+    }
+    sidecar = await sidecar_factory(config=config).start()
+    async with TurnwireClient(sidecar.target) as client:
+        await collect(client.chat("q1", "weather?", model="scripted:weather"))
+        await collect(client.chat("q2", "hello", model="scripted:broken"))
+    await _scrape_when(metrics_port, _settled(turns=2, handled=2))
+    families = {f.name: f for f in await asyncio.to_thread(scrape_families, metrics_port)}
+
+    def family_of(series: str) -> tuple[str, str]:
+        """The family a series name belongs to, and the suffix it names of it."""
+        for suffix in (*HISTOGRAM_SERIES, "_total"):
+            base = series.removesuffix(suffix)
+            if series.endswith(suffix) and base in families:
+                return base, suffix
+        assert series in families, f"{series} is not exported: {sorted(families)}"
+        return series, ""
+
+    def labels_of(family: str) -> set[str]:
+        return {name for sample in families[family].samples for name in sample.labels}
+
+    queries = page_queries()
+    assert len(queries) >= 8, queries
+    for query in queries:
+        named = [(*family_of(m.group(1)), m.group(2) or "") for m in SELECTOR.finditer(query)]
+        assert named, query
+        for family, suffix, selector in named:
+            kind = families[family].type
+            if suffix in HISTOGRAM_SERIES:
+                assert kind == "histogram", f"{query}: {family} is a {kind}"
+            elif suffix == "_total" or kind == "counter":
+                assert kind == "counter", f"{query}: {family} is a {kind}"
+            selected = set(re.findall(r"(\w+)\s*=", selector))
+            assert selected <= labels_of(family), f"{query}: {family} has labels {labels_of(family)}"
+        for grouped, inner in BY.findall(query):
+            wanted = {label.strip() for label in grouped.split(",")}
+            (family, suffix, _), *_ = [(*family_of(m.group(1)), "") for m in SELECTOR.finditer(inner)]
+            assert wanted <= labels_of(family), f"{query}: {family} has labels {labels_of(family)}"

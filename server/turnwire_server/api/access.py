@@ -41,6 +41,7 @@ from turnwire_server.api.refusal import refusing_handler
 from turnwire_server.api.rpc_logging import Throttled
 from turnwire_server.api.status import TurnwireStatusError
 from turnwire_server.api.tenancy import Tenancy
+from turnwire_server.log_context import bind_request
 
 log = logging.getLogger("turnwire.api")
 
@@ -123,6 +124,8 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # gr
                     await context.abort_with_status(rpc_status.to_status(refusal.to_status()))
             if tenancy is not None and isinstance(request, Message):  # else the gate refuses it
                 tenancy.scope_request(request)
+                # The call's lines name its ids as its turn's do: two tenants' "c1" are two keys.
+                bind_request(request)
             # Only the call that started a turn charges its tokens: a replay (ResumeTurn,
             # WatchSubmission) would charge the same steps again.
             return _CallerContext(context, caller, tenancy, limits if starts_turn else None)

@@ -29,7 +29,7 @@ from turnwire_server.api import metrics
 from turnwire_server.api.kept_wrappers import KeptWrappers
 from turnwire_server.api.refusal import declared_shape
 from turnwire_server.api.rpc_logging import client_gone_types
-from turnwire_server.log_context import bind as bind_log_context
+from turnwire_server.log_context import bind_request
 
 Context = Any  # grpc.aio.ServicerContext; grpc is untyped
 
@@ -60,13 +60,6 @@ class _MethodMetrics:
         if handled is None:
             handled = self.handled[code] = metrics.HANDLED.labels(*self.labels, code)
         handled.inc()
-
-
-def _bind(request: Any) -> None:
-    bind_log_context(
-        getattr(request, "conversation_id", ""),
-        getattr(request, "request_id", "") or getattr(request, "submission_id", ""),
-    )
 
 
 class RpcObserver(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc is untyped
@@ -110,7 +103,7 @@ class RpcObserver(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc is 
         deserializer, serializer = handler.request_deserializer, handler.response_serializer
 
         async def unary(behavior: Any, request: Any, context: Context) -> Any:
-            _bind(request)
+            bind_request(request)
             observed.started.inc()
             started = time.perf_counter()
             try:
@@ -151,7 +144,7 @@ class RpcObserver(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc is 
                 return handler
 
             async def observed_unary_stream(request: Any, context: Context) -> None:
-                _bind(request)
+                bind_request(request)
                 await streaming(behavior, request, context)
 
             return grpc.unary_stream_rpc_method_handler(

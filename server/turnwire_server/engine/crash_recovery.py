@@ -101,6 +101,7 @@ async def recover_turn(
             record.recovery_count,
             settings.durability.recovery_budget,
             "continuing its reply" if reply is not None else "re-running it",
+            extra=_ids(turn),
         )
         return
     assert problem is not None  # no spec: not recoverable
@@ -127,7 +128,14 @@ async def recover_turn(
         turn.request_id,
         turn.conversation_id,
         problem,
+        extra=_ids(turn),
     )
+
+
+def _ids(turn: TurnRecord) -> dict[str, str]:
+    """The log fields naming ``turn`` (docs/operate/logs.md): this runs in the replica's claim
+    loop, outside any call or turn, so the context ids are not set."""
+    return {"conversation_id": turn.conversation_id, "request_id": turn.request_id}
 
 
 def unrecoverable(turn: TurnRecord, resume: bool, settings: EngineSettings) -> ServerRestarted | None:

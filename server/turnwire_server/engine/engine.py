@@ -296,7 +296,12 @@ class TurnEngine:
                     await run.run()
                     state = run.state
                     tracing.end_turn(
-                        span, outcome=run.outcome, usage=state.usage, error=run.error, cost=state.cost.total()
+                        span,
+                        outcome=run.outcome,
+                        usage=state.usage,
+                        error=run.error,
+                        cost=state.cost.total(),
+                        cancel_cause=run.cancel_cause,
                     )
                 # Logged and recorded: the kept error's frames would hold the run (a cycle).
                 drop_tracebacks(run.error)
@@ -457,7 +462,7 @@ class TurnEngine:
     def cancel(self, request_id: str) -> bool:
         """Cancel a running or queued turn; False when none has that id (a no-op)."""
         handle = self._turns.get(request_id)
-        return handle is not None and handle.cancel()
+        return handle is not None and handle.cancel(cause="cancel_request")
 
     async def cancel_anywhere(self, request_id: str) -> bool:
         """Cancel turn ``request_id`` here, or ask the replica running it to (``CancelChat``).
@@ -471,7 +476,8 @@ class TurnEngine:
         cancelled; a store served by one process sends none)."""
         async for request_id, reason in self.store.cancel_requests():
             handle = self._turns.get(request_id)
-            if handle is not None and handle.run.cancel(_stop_of(reason)):
+            stop = _stop_of(reason)
+            if handle is not None and handle.run.cancel(stop, cause=None if stop else "cancel_request"):
                 log.info("turn %s cancelled at another replica's request", request_id)
 
     def handle(self, request_id: str) -> TurnHandle | None:

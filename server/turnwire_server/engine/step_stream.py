@@ -271,6 +271,7 @@ class StepStream:
                 metrics.count_tokens(self._model_label, partial)
                 cost = self._price(partial)
                 turn.cost.add(cost)
+                turn.tracing.cut_chat(partial, cost)
                 metrics.count_cost(request.conversation_id, self._provider_label, self._model_label, cost)
             if isinstance(error, ProviderError):
                 # Where a provider's text enters the turn: masked once for the client, the

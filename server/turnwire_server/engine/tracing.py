@@ -413,13 +413,19 @@ class Tracing:
         usage: Usage,
         error: BaseException | None,
         cost: Cost | None = None,
+        cancel_cause: str = "",
     ) -> None:
         """Record how the turn ended: ``turnwire.turn.status`` (completed, error, aborted,
         interrupted, skipped, refused: a budget refused it at its admission), its summed usage and
-        cost (:func:`_cost`), and for ``error`` and ``refused`` the error."""
+        cost (:func:`_cost`), for ``error`` and ``refused`` the error, and for a turn a plain
+        cancel ended who asked (``turnwire.turn.cancel_cause``: ``cancel_request``,
+        ``caller_left``)."""
         if not span.is_recording():
             return
-        span.set_attributes({"turnwire.turn.status": outcome, **_usage(usage), **_cost(cost)})
+        attributes = {"turnwire.turn.status": outcome, **_usage(usage), **_cost(cost)}
+        if cancel_cause and outcome == "aborted":
+            attributes["turnwire.turn.cancel_cause"] = cancel_cause
+        span.set_attributes(attributes)
         if outcome in ("error", "refused") and error is not None:
             fail(span, error)
 
@@ -478,6 +484,17 @@ class Tracing:
                 reply.step_text(), reply.step_tool_calls(), reason
             )
         span.set_attributes(attributes)  # one call: the SDK takes its lock once
+
+    def cut_chat(self, usage: Usage, cost: Cost | None) -> None:
+        """Record on the current model call's span, a step cut short (a cancel, a stall, an
+        in-stream error, a timeout), the usage the provider reported before the cut and its cost
+        (:func:`_cost`): the turn's span and the metrics count them (docs/semantics.md §11), so
+        the turn's usage is the sum of its ``chat`` spans'."""
+        if self._spans is None:
+            return
+        span = trace.get_current_span()
+        if span.is_recording():
+            span.set_attributes({**_usage(usage), **_cost(cost)})
 
     def tool(
         self, tool_call_id: str, tool_name: str, tool: Tool, arguments: Mapping[str, Any]

@@ -55,6 +55,16 @@ from turnwire_server.store.records import TurnState as StoredTurnState
 
 log = logging.getLogger("turnwire.turn")
 
+CancelCause = Literal["cancel_request", "caller_left"]
+"""Who cancelled a turn with a plain cancel: ``cancel_request``, a ``CancelChat`` (or
+``CancelSubmission``) on any replica; ``caller_left``, its call ended first (the client cancelled
+it, hung up or hit its deadline) under the disconnect policy ``CANCEL``."""
+
+_CANCEL_CAUSES: dict[CancelCause, str] = {
+    "cancel_request": "CancelChat or CancelSubmission",
+    "caller_left": "its caller left (cancelled its call, hung up or hit its deadline; disconnect CANCEL)",
+}
+
 BudgetCheck = BudgetRefused | Literal["admitted", "waiting"]
 """How a new turn's budget check riding its admission came out (:attr:`TurnRunBase.budget_check`)."""
 
@@ -213,6 +223,8 @@ class TurnRunBase:
         self._phase: _Phase = "created"
         #: Why the turn was stopped from outside (set once; see :meth:`cancel`).
         self._stop: BaseException | None = None
+        #: Who cancelled it, for a plain cancel (:data:`CancelCause`; "" for none or a stop).
+        self.cancel_cause: CancelCause | Literal[""] = ""
         self._task: asyncio.Task[Any] | None = None
 
     def _checkpointer(self, assistant: AssistantMessage) -> Checkpointer:
@@ -276,10 +288,11 @@ class TurnRunBase:
         (its input is being written or its steps run): the turn new input may stop."""
         return self._phase in ("storing", "running")
 
-    def cancel(self, stop: BaseException | None = None) -> bool:
+    def cancel(self, stop: BaseException | None = None, *, cause: CancelCause | None = None) -> bool:
         """Stop the turn: a cancel (``stop`` None), the stall watchdog (:class:`StreamStalled`)
         or a client that stopped reading (:class:`SlowConsumer`). Returns False when it had no
-        effect.
+        effect. A plain cancel's ``cause`` says who asked (its turn span's
+        ``turnwire.turn.cancel_cause`` and an ``info`` line, docs/operate/logs.md).
 
         docs/semantics.md §5 (Decision: exactly one terminal event, whatever the timing): only
         the first stop counts (save a shutdown's after a cancel a recovery waits in line to
@@ -295,6 +308,10 @@ class TurnRunBase:
             return False
         if stop is not None:
             log.warning("turn %s stopped: %s", self.request.request_id, stop)
+        elif cause is not None:
+            self.cancel_cause = cause
+            ids = {"conversation_id": self.request.conversation_id, "request_id": self.request.request_id}
+            log.info("turn %s cancelled: %s", self.request.request_id, _CANCEL_CAUSES[cause], extra=ids)
         self._stop = stop
         self.state.cancelled.set()
         if self._phase not in _DEFERRED and not self._ends_in_line() and self._task is not None:

@@ -10,6 +10,7 @@ from typing import Any
 from turnwire_server.engine.channel import EventChannel
 from turnwire_server.engine.stream_log import StreamLog
 from turnwire_server.engine.turn import TurnRun
+from turnwire_server.engine.turn_base import CancelCause
 from turnwire_server.engine.turn_slots import UNCOUNTED, TurnSlots
 
 
@@ -42,13 +43,14 @@ class TurnHandle:
     def __aiter__(self) -> AsyncIterator[Any]:
         return self.channel.__aiter__()
 
-    def cancel(self, stop: BaseException | None = None) -> bool:
+    def cancel(self, stop: BaseException | None = None, *, cause: CancelCause | None = None) -> bool:
         """Cancel the turn; it stores its partial reply and ends with TURN_STATUS_ABORTED
-        (``stop``: why, carried in its TurnEnd, e.g. :class:`CancelledByShutdown`).
+        (``stop``: why, carried in its TurnEnd, e.g. :class:`CancelledByShutdown`; ``cause``: who
+        asked for a plain cancel, see :data:`~.turn_base.CancelCause`).
 
         False when that changes nothing (already stopped, or the reply is being stored).
         """
-        return self.run.cancel(stop)
+        return self.run.cancel(stop, cause=cause)
 
     def detach(self) -> None:
         """The caller left and the turn goes on without it (disconnect policy CONTINUE): its
@@ -75,4 +77,4 @@ class TurnHandle:
         if self.run.request.disconnect == "continue":
             self.detach()
         else:
-            self.cancel()
+            self.cancel(cause="caller_left")
