@@ -686,6 +686,20 @@ async def test_chat_completions_stream_with_usage(client: openai.AsyncOpenAI) ->
     assert text == "answered over the OpenAI door"
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
     assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens == 12
+    # On the wire every other chunk says "usage": null, as OpenAI's do (stop 67, migrator trial).
+    raw = await client.chat.completions.with_raw_response.create(
+        model="scripted:echo",
+        messages=[{"role": "user", "content": "hi"}],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    sent = [
+        json.loads(line.removeprefix("data: "))
+        async for line in raw.http_response.aiter_lines()
+        if line.startswith("data: {")
+    ]
+    assert len(sent) > 2 and all(chunk["usage"] is None for chunk in sent[:-1]), sent
+    assert sent[-1]["usage"]["total_tokens"] == 12
 
 
 async def test_a_named_conversation_keeps_the_turn(
@@ -705,21 +719,26 @@ async def test_a_named_conversation_keeps_the_turn(
 # -- the openai npm SDK ------------------------------------------------------------------------
 
 
-async def test_the_openai_npm_sdk(sidecar: SidecarProcess) -> None:
-    """``tests/support/openai_node.mjs``: the same calls through the official Node.js SDK."""
-    assert sidecar.config is not None
+async def _node_run(script: Path, sidecar: SidecarProcess) -> Any:
+    """What ``script`` printed (JSON) after its calls to the sidecar's OpenAI door as tenant A."""
     node = await asyncio.create_subprocess_exec(
         shutil.which("node") or "node",
-        str(NODE_SCRIPT),
+        str(script),
         f"{http_base(sidecar)}/v1",
         TOKEN_A,
-        cwd=NODE_SCRIPT.parents[2],
+        cwd=script.parents[2],
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(node.communicate(), timeout=120)
     assert node.returncode == 0, err.decode()
-    seen = json.loads(out)
+    return json.loads(out)
+
+
+async def test_the_openai_npm_sdk(sidecar: SidecarProcess) -> None:
+    """``tests/support/openai_node.mjs``: the same calls through the official Node.js SDK."""
+    assert sidecar.config is not None
+    seen = await _node_run(NODE_SCRIPT, sidecar)
     assert seen["plain"]["status"] == "completed" and seen["plain"]["text"] == "answered over the OpenAI door"
     assert seen["plain"]["usage"]["total_tokens"] == 12 and seen["plain"]["conversation"] == {
         "id": "node-plain"
@@ -751,18 +770,7 @@ async def test_the_ai_sdk_openai_provider_sees_the_sidecars_tools_as_run(sidecar
     runs. Before, a turn with a sidecar tool failed ``generateText`` ("Invalid JSON response": a
     ``function_call_output`` output item) and, streamed, was a call of a tool the application does
     not have (``NoSuchToolError``, finish ``tool-calls``)."""
-    node = await asyncio.create_subprocess_exec(
-        shutil.which("node") or "node",
-        str(AI_SDK_SCRIPT),
-        f"{http_base(sidecar)}/v1",
-        TOKEN_A,
-        cwd=AI_SDK_SCRIPT.parents[2],
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(node.communicate(), timeout=120)
-    assert node.returncode == 0, err.decode()
-    seen = json.loads(out)
+    seen = await _node_run(AI_SDK_SCRIPT, sidecar)
     assert seen["generated"]["text"] == "It is 42." and seen["generated"]["finish"] == "stop"
     assert seen["generated"]["calls"] == [{"name": "mcp.calculator", "providerExecuted": True}]
     assert "42" in seen["generated"]["results"][0]

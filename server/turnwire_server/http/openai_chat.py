@@ -163,10 +163,15 @@ _BLOCK_SEPARATOR = "\n\n"  # between the text blocks of a turn in one message's 
 
 
 class _Completion:
-    """The chat completion a turn's events make (text, pending client tool calls, usage)."""
+    """The chat completion a turn's events make (text, pending client tool calls, usage).
+    ``include_usage`` (``stream_options.include_usage``): every chunk has ``usage: null``, as
+    OpenAI's do, and the last one before ``[DONE]`` the usage."""
 
-    def __init__(self, completion_id: str, model: str, client_tools: set[str]) -> None:
+    def __init__(
+        self, completion_id: str, model: str, client_tools: set[str], *, include_usage: bool = False
+    ) -> None:
         self.id, self.model, self.client_tools = completion_id, model, client_tools
+        self.include_usage = include_usage
         self.created = int(time.time())
         self.text: list[str] = []
         self.calls: dict[str, dict[str, Any]] = {}
@@ -175,13 +180,16 @@ class _Completion:
         self.error: CallEnded | None = None  # the failed turn's TurnEnd.error
 
     def chunk(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        return {
+        chunk = {
             "id": self.id,
             "object": "chat.completion.chunk",
             "created": self.created,
             "model": self.model,
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
         }
+        if self.include_usage:
+            chunk["usage"] = None
+        return chunk
 
     def feed(self, event: event_pb2.TurnEvent) -> list[dict[str, Any]]:
         """The chunks ``event`` makes when streamed."""
@@ -355,20 +363,26 @@ class ChatCompletionsDoor:
             stored.id = stored.id or f"{completion_id}.m{index}"  # a retry's input is the same input
         params = _PARAMS | items
         call = call_info(request)
-        completion = _Completion(completion_id, str(body.get("model") or ""), {t.name for t in client_tools})
+        include_usage = bool(body.get("stream")) and bool(
+            (body.get("stream_options") or {}).get("include_usage")
+        )
+        completion = _Completion(
+            completion_id,
+            str(body.get("model") or ""),
+            {t.name for t in client_tools},
+            include_usage=include_usage,
+        )
         forget = None if named else conversation
         opened = await self._open(method, message, call, completion_id if key else None, forget)
         if isinstance(opened, CallEnded):
             return ended_response(opened, param_names=params)
         first, events, forget = opened
         if body.get("stream"):
-            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return EventSourceResponse(
                 self._sse(
                     first,
                     events,
                     completion,
-                    include_usage=include_usage,
                     forget=forget,
                     call=call,
                     params=params,
@@ -395,7 +409,6 @@ class ChatCompletionsDoor:
         events: AsyncIterator[Any],
         completion: _Completion,
         *,
-        include_usage: bool,
         forget: str | None,
         call: DoorCallInfo,
         params: dict[str, str],
@@ -409,7 +422,7 @@ class ChatCompletionsDoor:
                         yield chunks
             if completion.error is not None:
                 yield data_lines([ended_error(completion.error, param_names=params)[1]])
-            elif include_usage:
+            elif completion.include_usage:
                 yield data_lines([{**completion.chunk({}), "choices": [], "usage": completion.usage}])
             yield b"data: [DONE]\n\n"
         except CallEnded as ended:
