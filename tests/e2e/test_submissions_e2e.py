@@ -139,6 +139,8 @@ async def test_conflicts_and_empty_lists_are_refused(sidecar_factory: SidecarFac
             await client.get_submission("s-none")
         except TurnwireError as error:
             assert error.code == grpc.StatusCode.NOT_FOUND and error.reason == "SUBMISSION_NOT_FOUND"
+            # A schedule's fire id is derived (tw-<schedule id>.<n>): the message says where to read it.
+            assert "last_submission_id (GetSchedule)" in str(error)
         else:
             raise AssertionError("unknown submission")
     assert await sidecar.terminate() == 0, sidecar.log_text()

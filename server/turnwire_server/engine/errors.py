@@ -268,7 +268,10 @@ class SubmissionNotFound(DomainError):
     status_code = CanonicalCode.NOT_FOUND
 
     def __init__(self, submission_id: str) -> None:
-        super().__init__(f"no submission {submission_id!r}; check the id returned by SubmitMessages")
+        super().__init__(
+            f"no submission {submission_id!r}; check the id returned by SubmitMessages, or for a "
+            "schedule's fire its last_submission_id (GetSchedule)"
+        )
         self.submission_id = submission_id
 
     def details(self) -> ErrorDetails:
