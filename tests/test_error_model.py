@@ -267,3 +267,17 @@ def test_a_store_refusal_is_never_a_retryable_unavailable(
     assert not error.retryable
     mapped = status_error_of(error, "persist")
     assert (mapped.code, mapped.reason) == (code, reason)
+
+
+@pytest.mark.parametrize(("status", "shown"), [(529, {"http_status": "529"}), (0, {})])
+def test_a_provider_error_names_an_http_status_only_when_one_came(status: int, shown: dict[str, str]) -> None:
+    """SRE trial (stop 67): a timeout's ErrorInfo said ``http_status: "0"``, a status no HTTP
+    answer has; it is left out when no answer came (docs/providers.md, "Errors")."""
+    from turnwire.providers import ProviderError
+
+    error = ProviderError("no answer", status=status, retryable=True, provider="anthropic")
+    info = error_details_pb2.ErrorInfo()
+    assert status_of(error, "step").details[0].Unpack(info)
+    assert info.reason == "PROVIDER_ERROR"
+    assert {k: v for k, v in info.metadata.items() if k == "http_status"} == shown
+    assert info.metadata["provider"] == "anthropic"

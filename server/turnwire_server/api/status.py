@@ -166,7 +166,9 @@ def _provider_status(error: ProviderError) -> tuple[CanonicalCode, ErrorDetails]
         code = CanonicalCode.UNAVAILABLE
     else:
         code = CanonicalCode.INTERNAL
-    metadata = {"provider": error.provider, "http_status": str(error.status), "provider_error_class": kind}
+    metadata = {"provider": error.provider, "provider_error_class": kind}
+    if error.status:  # none when no HTTP answer came (a timeout, a connection refused or cut)
+        metadata["http_status"] = str(error.status)
     if error.type:
         metadata["provider_error_type"] = error.type
     if error.code:
