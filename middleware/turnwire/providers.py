@@ -156,7 +156,9 @@ class ProviderError(DomainError):
         return self
 
 
-_SOCKET_ADDRESS = re.compile(r"\('[0-9A-Fa-f:.%\w-]+', \d+(?:, \d+, \d+)?\)")
+_SOCKET_ADDRESS = re.compile(
+    r"\('(?:\d{1,3}(?:\.\d{1,3}){3}|[0-9A-Fa-f]*:[0-9A-Fa-f:.%\w]*)', \d+(?:, \d+, \d+)?\)"
+)
 """A socket address as Python prints it, ``('127.0.0.1', 8000)`` or ``('::1', 8000, 0, 0)``: what
 asyncio's "Connect call failed" quotes (the provider's resolved address)."""
 
