@@ -135,3 +135,14 @@ def test_every_command_help_renders_without_rst_markup() -> None:
         assert shown.exit_code == 0, (words, shown.output)
         assert "``" not in shown.output, (words, shown.output)
         assert not re.search(r":(func|class|meth|mod|attr):`", shown.output), (words, shown.output)
+
+
+def test_serve_help_names_its_exit_statuses() -> None:
+    """``serve -h`` says what its exit statuses mean, as the client commands' help does: 2 for a
+    configuration it refuses, 1 for a start that fails (a newcomer's script or supervisor tells the
+    two apart)."""
+    shown = CliRunner().invoke(app, ["serve", "--help"])
+    assert shown.exit_code == 0, shown.output
+    text = " ".join(shown.output.split())
+    assert "Exit status 0 after a graceful stop, 2 for an invalid configuration" in text, text
+    assert "1 when it cannot start" in text, text

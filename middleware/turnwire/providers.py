@@ -10,9 +10,11 @@ ends with exactly one :class:`~turnwire.types.FinishStep` unless it raises
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+from urllib.parse import urlsplit
 
 from turnwire.errors import CanonicalCode, DomainError
 from turnwire.types import ModelChunk, ModelSettings, ToolChoice, ToolDefinition
@@ -129,11 +131,14 @@ class ProviderError(DomainError):
     @property
     def client_message(self) -> str:
         """The message without the endpoint called (the provider's host is the operator's, not
-        the client's: docs/security.md); a 404's "check base_url" hint stays."""
+        the client's: docs/security.md); a 404's "check base_url" hint stays. Where the HTTP
+        library's own text quotes the address it could not reach (``Cannot connect to host
+        HOST:PORT … [Connect call failed ('IP', PORT)]``), the address is ``***``."""
         message = self.message
         if self.endpoint:
             message = message.replace(f"({self.endpoint}; ", "(").replace(f" ({self.endpoint})", "")
-        return f"model provider error: {message}"
+            message = _without_address(message, self.endpoint)
+        return f"model provider error: {_SOCKET_ADDRESS.sub('***', message)}"
 
     def redact(self, redact: Callable[[str], str]) -> ProviderError:
         """Mask this error's provider text in place with ``redact`` (a secret-masking function):
@@ -149,6 +154,34 @@ class ProviderError(DomainError):
         self.__cause__ = None
         self.__suppress_context__ = True
         return self
+
+
+_SOCKET_ADDRESS = re.compile(
+    r"\('(?:\d{1,3}(?:\.\d{1,3}){3}|[0-9A-Fa-f]*:[0-9A-Fa-f:.%\w]*)', \d+(?:, \d+, \d+)?\)"
+)
+"""A socket address as Python prints it, ``('127.0.0.1', 8000)`` or ``('::1', 8000, 0, 0)``: what
+asyncio's "Connect call failed" quotes (the provider's resolved address)."""
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _without_address(message: str, endpoint: str) -> str:
+    """``message`` with the host and port of ``endpoint`` (``"POST http://host:port/path"``) as
+    ``***`` wherever it quotes them together (``host:port``, as HTTP libraries name the address
+    they could not reach; the port is the scheme's when the URL has none). A bare host name is
+    left alone: it may be an ordinary word of the message (a provider entry of the same name)."""
+    url = urlsplit(endpoint.partition(" ")[2])
+    try:
+        host, port = url.hostname, url.port or _DEFAULT_PORTS.get(url.scheme)
+    except ValueError:  # a port that is not a number: no address to look for
+        return message
+    addresses = {url.netloc.rpartition("@")[2]}
+    if host and port:
+        addresses |= {f"{host}:{port}", f"[{host}]:{port}"}
+    for address in sorted(addresses, key=len, reverse=True):
+        if address and ":" in address:
+            message = message.replace(address, "***")
+    return message
 
 
 def _redact_strings(value: Any, redact: Callable[[str], str]) -> Any:

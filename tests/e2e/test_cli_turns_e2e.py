@@ -460,7 +460,9 @@ async def test_approve_and_deny_a_waiting_call_from_the_cli(sidecar: SidecarProc
     assert asked.code == 0, asked
     (waiting,) = [line for line in asked.stdout.splitlines() if "awaits approval" in line]
     call_id = waiting.split("(call ")[1].split(":")[0]
-    assert f"`turnwire approve {conv} {call_id}`, or add --deny [--reason TEXT]" in waiting, waiting
+    # With the sidecar's --target (not the default one): the command must reach this sidecar.
+    suggested = f"`turnwire approve {conv} {call_id} --target {sidecar.target}`"
+    assert f"{suggested}, or add --deny [--reason TEXT]" in waiting, waiting
 
     extra = ["--deny", "--reason", "not now"] if deny else []
     answered = await run_turnwire(
@@ -515,7 +517,8 @@ async def test_history_suggests_continue_for_a_call_approved_without_a_continuat
     shown = await run_turnwire("history", conv, "--target", sidecar.target)
     assert shown.code == 0, shown
     (line,) = [line for line in shown.stdout.splitlines() if line.startswith("? get_current_time")]
-    assert f"approved, not run yet (run it and go on: `turnwire continue {conv}`)" in line, line
+    suggested = f"`turnwire continue {conv} --target {sidecar.target}`"
+    assert f"approved, not run yet (run it and go on: {suggested})" in line, line
     assert "turnwire approve" not in shown.stdout
     # The command it suggests works: the approved call runs, then the model goes on.
     continued = await run_turnwire("continue", conv, "--target", sidecar.target, "--model", "scripted:demo")

@@ -188,3 +188,53 @@ def test_an_error_object_wrapped_in_a_list_is_read() -> None:
     )
     assert error.type == "RESOURCE_EXHAUSTED" and error.code == "429"
     assert error.body == body
+
+
+@pytest.mark.parametrize(
+    ("kind", "path"), [("openai", "/v1/chat/completions"), ("anthropic", "/v1/messages")]
+)
+async def test_a_refused_connection_tells_the_client_without_the_address(kind: str, path: str) -> None:
+    """Nothing listens at ``base_url``: the log's message names the endpoint, and the client's text
+    says the connection failed without the host or port the HTTP library quotes (``Cannot connect to
+    host 127.0.0.1:PORT … [Connect call failed ('127.0.0.1', PORT)]``): docs/security.md."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again below: nothing listens on it
+    base = f"http://127.0.0.1:{port}" + ("/v1" if kind == "openai" else "")
+    entries = TypeAdapter(dict[str, ProviderSettings]).validate_python(
+        {"p": {"type": kind, "base_url": base, "api_key_env": None, "max_retries": 0}}
+    )
+    provider = build_provider("p", entries["p"], environ={})
+    result = await collect(provider, request())
+    await provider.aclose()
+    assert isinstance(result.error, ProviderError)
+    assert result.error.type == "connection_error"
+    assert f"p: connection error (POST http://127.0.0.1:{port}{path}):" in result.error.message
+    shown = result.error.client_message
+    assert str(port) not in shown and "127.0.0.1" not in shown, shown
+    assert shown.startswith("model provider error: p: connection error: "), shown
+
+
+def test_the_client_text_masks_the_address_in_every_form_the_libraries_quote() -> None:
+    """A host name with the scheme's port (``api.internal:443``), a bracketed IPv6 address and a
+    resolved socket address are ``***``; a bare name (here also the provider entry's) and a tuple
+    that is no address are the message's own words and stay."""
+    cases = [
+        (
+            "POST https://models/v1/chat/completions",
+            "models: connection error (POST https://models/v1/chat/completions): Cannot connect to host "
+            "models:443 ssl:True [Connect call failed ('10.0.0.7', 443)]",
+            "models: connection error: Cannot connect to host *** ssl:True [Connect call failed ***]",
+        ),
+        (
+            "POST http://[::1]:8000/v1/messages",
+            "p: connection error (POST http://[::1]:8000/v1/messages): Cannot connect to host [::1]:8000 "
+            "ssl:default [Connect call failed ('::1', 8000, 0, 0)]; value ('abc', 1)",
+            "p: connection error: Cannot connect to host *** ssl:default [Connect call failed ***]; "
+            "value ('abc', 1)",
+        ),
+    ]
+    for endpoint, message, shown in cases:
+        error = ProviderError(message, provider=message.split(":")[0])
+        error.endpoint = endpoint
+        assert error.client_message == f"model provider error: {shown}"

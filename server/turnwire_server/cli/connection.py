@@ -11,6 +11,8 @@ value (its variable or default): flags win over variables, and both positions me
 from __future__ import annotations
 
 import inspect
+import shutil
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +52,29 @@ its subcommands, every one of which connects."""
 
 
 DEFAULT_TARGET = "127.0.0.1:50051"
+
+
+def command_name() -> str:
+    """How to run this program again from where it was started, for the commands the CLI prints as
+    hints: ``turnwire`` when that name on the ``PATH`` is this program, else the path it was started
+    by (``make demo`` and a checkout run ``.venv/bin/turnwire``, which a fresh shell does not find as
+    ``turnwire``); ``turnwire`` when it was not started as ``turnwire`` at all (``python -m
+    turnwire_server``)."""
+    invoked = Path(sys.argv[0])
+    if invoked.name != "turnwire":
+        return "turnwire"
+    found = shutil.which("turnwire")
+    if found is not None and Path(found).resolve() == invoked.resolve():
+        return "turnwire"
+    return sys.argv[0]
+
+
+def target_flag(target: str) -> str:
+    """`` --target TARGET`` for a command printed as a hint, empty for the default target (a
+    command without it would reach another sidecar)."""
+    return "" if target == DEFAULT_TARGET else f" --target {target}"
+
+
 """The sidecar the client commands connect to when no ``--target`` or ``TURNWIRE_TARGET`` says."""
 
 

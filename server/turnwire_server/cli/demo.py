@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import socket
 import sys
@@ -31,7 +30,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
 
-from turnwire_server.cli.connection import Connection
+from turnwire_server.cli.connection import Connection, command_name
 from turnwire_server.cli.history import run_history
 from turnwire_server.cli.turns import run_chat
 
@@ -70,20 +69,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def command_name() -> str:
-    """How to run this program again from where it was started: ``turnwire`` when that name on the
-    ``PATH`` is this program, else the path it was started by (``make demo`` runs
-    ``.venv/bin/turnwire``, which a fresh shell does not find as ``turnwire``); ``turnwire`` when
-    it was not started as ``turnwire`` at all (``python -m turnwire_server``)."""
-    invoked = Path(sys.argv[0])
-    if invoked.name != "turnwire":
-        return "turnwire"
-    found = shutil.which("turnwire")
-    if found is not None and Path(found).resolve() == invoked.resolve():
-        return "turnwire"
-    return sys.argv[0]
 
 
 class SidecarExited(RuntimeError):
@@ -145,7 +130,8 @@ async def run_demo(
         # A checkout builds the page with `make build-inspector` (`make demo` does); a wheel ships it.
         console.print(
             "[red]the inspector page is not built in this install[/]: run `make build-inspector` "
-            "(or `make demo`, which builds it) in the repository, then `turnwire demo --inspect` again"
+            "(or `make demo`, which builds it) in the repository, "
+            f"then `{command_name()} demo --inspect` again"
         )
         return 2
     host, _, port = (listen or "127.0.0.1:0").rpartition(":")
@@ -197,7 +183,8 @@ async def run_demo(
                     # The demo's own store is the file in its directory: another directory frees it.
                     console.print(
                         f"a sidecar already serves {workdir}: run the demo in another directory,"
-                        " `turnwire demo --workdir DIR` (from make: `make demo DEMO_ARGS='--workdir DIR'`)",
+                        f" `{command_name()} demo --workdir DIR`"
+                        " (from make: `make demo DEMO_ARGS='--workdir DIR'`)",
                         soft_wrap=True,  # commands to copy: never broken across lines
                     )
                 return 1

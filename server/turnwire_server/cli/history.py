@@ -14,13 +14,12 @@ from rich.text import Text
 from turnwire.values import tool_call_output_json
 from turnwire_client import TurnwireError
 from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
-from turnwire_server.cli.connection import Connection
+from turnwire_server.cli.connection import Connection, target_flag
 from turnwire_server.cli.errors import print_call_error
 from turnwire_server.cli.exit_codes import EXIT_CALL_FAILED, EXIT_OK
 from turnwire_server.cli.parts import (
-    APPROVAL_HINT,
-    RESPONDED_HINT,
     STATUS_STYLES,
+    approval_hint,
     call_line,
     denied_line,
     error_line,
@@ -29,6 +28,7 @@ from turnwire_server.cli.parts import (
     or_stderr,
     plural,
     print_listing_end,
+    responded_hint,
     result_line,
     short,
     sorted_json,
@@ -102,7 +102,7 @@ async def run_history(
         out.print(_unreplied_line(turn), soft_wrap=True, highlight=False)
     for index, message in enumerate(conversation.messages):
         out.print()
-        print_message(out, message, conversation.conversation_id)
+        print_message(out, message, conversation.conversation_id, target_flag(connection.target))
         if message.id in partial:
             out.print(_partial_line(partial[message.id]), soft_wrap=True, highlight=False)
         for turn in after.get(index, []):
@@ -150,7 +150,9 @@ async def run_conversations(
     return EXIT_OK
 
 
-def print_message(out: Console, message: message_pb2.Message, conversation_id: str) -> None:
+def print_message(out: Console, message: message_pb2.Message, conversation_id: str, where: str = "") -> None:
+    """Print ``message`` of ``conversation_id`` as ``history`` shows it; the commands it suggests
+    (``approve``, ``continue``) end with ``where`` (:func:`.connection.target_flag`)."""
     role = message_pb2.Role.Name(message.role).removeprefix("ROLE_").lower()
     header = Text(role, style=_ROLE_STYLES.get(message.role, "bold"))
     if message.HasField("create_time"):
@@ -170,7 +172,7 @@ def print_message(out: Console, message: message_pb2.Message, conversation_id: s
             if shown:
                 out.print(Text(shown, style="dim italic"), soft_wrap=True, highlight=False)
         elif kind == "tool_call":
-            _print_tool_call(out, part.tool_call, conversation_id)
+            _print_tool_call(out, part.tool_call, conversation_id, where)
         elif kind == "step_start":
             steps += 1
             if steps > 1:
@@ -211,7 +213,9 @@ def _unreplied_line(turn: chat_service_pb2.TurnWithoutReply) -> Text:
     return Text(text, style=STATUS_STYLES.get(turn.status, "bold"))
 
 
-def _print_tool_call(out: Console, call: message_pb2.ToolCallPart, conversation_id: str) -> None:
+def _print_tool_call(
+    out: Console, call: message_pb2.ToolCallPart, conversation_id: str, where: str = ""
+) -> None:
     if call.provider_executed:  # a server tool, a Responses built-in: the provider ran it
         line = call_line(call.tool_name, input_json(call))
         line.append(" (run by the provider)", style="dim")
@@ -240,12 +244,12 @@ def _print_tool_call(out: Console, call: message_pb2.ToolCallPart, conversation_
     elif state == message_pb2.TOOL_CALL_STATE_OUTPUT_DENIED:
         out.print(denied_line(call.tool_name, call.approval.reason), soft_wrap=True)
     elif state == message_pb2.TOOL_CALL_STATE_APPROVAL_REQUESTED:
-        hint = APPROVAL_HINT.format(call_id=call.tool_call_id, conversation=conversation_id)
+        hint = approval_hint(conversation_id, call.tool_call_id, where)
         out.print(Text(f"? {call.tool_name} awaits approval{hint}", style="yellow"), soft_wrap=True)
     elif state == message_pb2.TOOL_CALL_STATE_APPROVAL_RESPONDED:
         # Answered without a continuation (a client's auto_continue=false): `approve` would be
         # TOOL_CALL_NOT_PENDING; the next turn runs an approved call first (docs/semantics.md §6).
-        hint = RESPONDED_HINT.format(conversation=conversation_id)
+        hint = responded_hint(conversation_id, where)
         out.print(Text(f"? {call.tool_name} {hint}", style="yellow"), soft_wrap=True)
     else:
         out.print(Text(f"← {call.tool_name}: (no result)", style="dim"), soft_wrap=True)

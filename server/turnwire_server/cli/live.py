@@ -17,10 +17,11 @@ from turnwire.errors import ABORTED_TOOL_ERROR
 from turnwire.values import tool_call_output_json
 from turnwire_client import TurnResult, TurnwireError
 from turnwire_client.v1 import event_pb2
+from turnwire_server.cli.connection import command_name
 from turnwire_server.cli.errors import cli_terms, error_class
 from turnwire_server.cli.parts import (
-    APPROVAL_HINT,
     STATUS_STYLES,
+    approval_hint,
     call_line,
     denied_line,
     error_line,
@@ -146,7 +147,7 @@ class TurnRenderer:
             return
         self.err_console.print(
             Text(
-                f"request {self.request_id} · `turnwire cancel {self.request_id}{self.target_flag}`"
+                f"request {self.request_id} · `{command_name()} cancel {self.request_id}{self.target_flag}`"
                 " cancels it while it runs",
                 style="dim",
             ),
@@ -236,7 +237,7 @@ class TurnRenderer:
             self.line(
                 Text(
                     f"? {name} awaits approval"
-                    + APPROVAL_HINT.format(call_id=call_id, conversation=self.conversation_id),
+                    + approval_hint(self.conversation_id, call_id, self.target_flag),
                     style="yellow",
                 )
             )

@@ -16,6 +16,7 @@ from rich.text import Text
 
 from turnwire.errors import ABORTED_TOOL_ERROR, INTERRUPTED_TOOL_ERROR
 from turnwire_client.v1 import event_pb2, message_pb2
+from turnwire_server.cli.connection import command_name
 
 _MAX_JSON = 300  # characters of tool input/output shown before eliding
 
@@ -27,15 +28,20 @@ STATUS_STYLES: dict[int, str] = {
     event_pb2.TURN_STATUS_SKIPPED: "bold",
 }
 
-APPROVAL_HINT = (
-    " (call {call_id}: `turnwire approve {conversation} {call_id}`, or add --deny [--reason TEXT];"
-    " the turn goes on)"
-)
-"""Who answers a call waiting for approval: the CLI's ``approve`` (applications: SubmitToolApprovals)."""
 
-RESPONDED_HINT = "approved, not run yet (run it and go on: `turnwire continue {conversation}`)"
-"""A call whose approval was answered but whose turn did not go on (``approval-responded``): the
-next turn runs it (``continue``), where ``approve`` would refuse it as no longer pending."""
+def approval_hint(conversation: str, call_id: str, where: str = "") -> str:
+    """Who answers a call waiting for approval: the CLI's ``approve`` (applications:
+    SubmitToolApprovals), as a command to run as it stands (``where``: :func:`.connection.target_flag`)."""
+    return (
+        f" (call {call_id}: `{command_name()} approve {conversation} {call_id}{where}`, or add --deny"
+        " [--reason TEXT]; the turn goes on)"
+    )
+
+
+def responded_hint(conversation: str, where: str = "") -> str:
+    """A call whose approval was answered but whose turn did not go on (``approval-responded``): the
+    next turn runs it (``continue``), where ``approve`` would refuse it as no longer pending."""
+    return f"approved, not run yet (run it and go on: `{command_name()} continue {conversation}{where}`)"
 
 
 def call_line(name: str, payload: str, *, style: str = "") -> Text:

@@ -55,6 +55,10 @@ def serve(
     Flags win over variables, variables over the config file.
 
     With --workers N each worker gets the signal and stops so; exit 1 if one cannot start or keeps dying.
+
+    Exit status 0 after a graceful stop, 2 for an invalid configuration (the message names the
+    field), 1 when it cannot start (a provider's API key unset, the port in use, the store in use
+    by another process or unreachable; the message says which).
     """
     settings = _load(config, listen, store, workers)
     from turnwire_server.logs import configure_process_logging, report_exit

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from turnwire_client import ProtocolError, TurnwireClient, TurnwireError, collect
 from turnwire_client.v1 import event_pb2
-from turnwire_server.cli.connection import DEFAULT_TARGET, Connection
+from turnwire_server.cli.connection import Connection, command_name, target_flag
 from turnwire_server.cli.errors import print_call_error
 from turnwire_server.cli.exit_codes import EXIT_OK, EXIT_TURN_FAILED
 from turnwire_server.cli.live import TurnRenderer, print_status_line
@@ -265,12 +265,6 @@ async def run_turn(
     return EXIT_OK if result.ok else EXIT_TURN_FAILED
 
 
-def target_flag(target: str) -> str:
-    """`` --target TARGET`` for a command printed as a hint, empty for the default target (a
-    command without it would reach another sidecar)."""
-    return "" if target == DEFAULT_TARGET else f" --target {target}"
-
-
 def _follow_up(request_id: str, conversation_id: str, target: str, *, stored: bool) -> str:
     """How to follow turn ``request_id`` again after the connection to the sidecar at ``target``
     was lost during it: ``stored``, its input is durable (``TurnStart`` came, docs/semantics.md
@@ -278,7 +272,8 @@ def _follow_up(request_id: str, conversation_id: str, target: str, *, stored: bo
     recovers or ends its turns when it starts, §8); before that, the input may not have been
     stored. The commands name ``target`` unless it is the default one."""
     where = target_flag(target)
-    resume = f"`turnwire resume {request_id}{where}`"
+    program = command_name()
+    resume = f"`{program} resume {request_id}{where}`"
     if stored:
         return (
             f"turn {request_id} is stored: {resume} follows it, or shows how it ended, "
@@ -286,7 +281,7 @@ def _follow_up(request_id: str, conversation_id: str, target: str, *, stored: bo
         )
     return (
         f"turn {request_id} had not started, so your message may not be stored: {resume} follows it "
-        f"if it is, and `turnwire history {conversation_id}{where}` shows whether it is"
+        f"if it is, and `{program} history {conversation_id}{where}` shows whether it is"
     )
 
 
