@@ -7,6 +7,8 @@ from typing import Any
 from providers.helpers import (
     Stored,
     assistant,
+    c_chunk,
+    chat_sse,
     collect,
     image,
     r_response,
@@ -294,3 +296,18 @@ async def test_request_building(replay: ReplayServer, responses_provider: OpenAI
     assert body["include"] == ["reasoning.encrypted_content"]  # reasoning asked for in provider options
     warnings = result.finish.warnings
     assert any("seed" in w for w in warnings) and any("stop_sequences" in w for w in warnings)
+
+
+async def test_a_chat_completions_stream_says_to_use_the_openai_type(
+    replay: ReplayServer, responses_provider: OpenAIResponsesProvider
+) -> None:
+    """Newcomer trial (stop 67): an ``openai-responses`` entry on a server that speaks only Chat
+    Completions failed with "the stream sent a line that is not JSON: [DONE]", which says
+    nothing of the cause; the first chunk now names it and the fix, not retryable."""
+    for body in (chat_sse(c_chunk({"content": "Hi"}), c_chunk(finish="stop")), b"data: [DONE]\n\n"):
+        replay.enqueue(Reply.sse(body))
+        failed = (await collect(responses_provider, request(user("hello")))).error
+        assert failed is not None
+        assert "a Chat Completions stream" in failed.message
+        assert "set this provider's type to openai" in failed.message
+        assert not failed.retryable

@@ -126,6 +126,8 @@ class ResponsesDecoder(OpenAIDecoder):
     def feed(self, event: bytes, data: bytes) -> Sequence[ModelChunk]:
         """Chunks for one event; raises ProviderError for ``error`` / ``response.failed`` or a line that
         is not JSON."""
+        if data == b"[DONE]":  # Chat Completions' end line: no Responses stream sends it
+            raise _chat_completions_stream(self.provider)
         obj = load_json(self.provider, data)
         if not isinstance(obj, dict):
             return NOTHING
@@ -192,6 +194,8 @@ class ResponsesDecoder(OpenAIDecoder):
             raise errors.from_stream_error(self.provider, {"error": response.get("error") or {}, **obj})
         if kind == "error":
             raise errors.from_stream_error(self.provider, obj)
+        if kind is None and obj.get("object") == "chat.completion.chunk":
+            raise _chat_completions_stream(self.provider)
         return NOTHING
 
     def _end_text(self, key: tuple[int | str, int]) -> Sequence[ModelChunk]:
@@ -532,3 +536,17 @@ class OpenAIResponsesProvider(SdkProvider[openai.AsyncOpenAI]):
 
     def _map_error(self, error: BaseException) -> ProviderError | None:
         return map_openai_error(self.name, error)
+
+
+def _chat_completions_stream(provider: str) -> ProviderError:
+    """The error of a Responses stream that is a Chat Completions one (``chat.completion.chunk``
+    objects, a ``[DONE]`` line): a server that speaks only Chat Completions (most OpenAI-compatible
+    servers) behind an ``openai-responses`` entry. Not retryable: the entry's type is to change."""
+    return ProviderError(
+        f"{provider}: the server answered with a Chat Completions stream (chat.completion.chunk, "
+        "[DONE]), not a Responses one: it speaks Chat Completions only; set this provider's type to "
+        "openai (docs/providers.md)",
+        type="invalid_stream_data",
+        provider=provider,
+        in_stream=True,
+    )
