@@ -324,7 +324,7 @@ class ChatCompletionsDoor:
 
     async def create(self, request: Request) -> Response:
         """``POST /v1/chat/completions``."""
-        raw = await read_body(request, self.read_max_bytes)
+        raw = await read_body(request, self.read_max_bytes, self.calls)
         if isinstance(raw, Response):
             return raw
         try:

@@ -72,10 +72,23 @@ def _too_large(message: str) -> Response:
 
 
 async def read_body(
-    request: Request, limit: int, *, too_large: Callable[[str], Response] = _too_large
+    request: Request,
+    limit: int,
+    calls: InProcessCalls,
+    *,
+    too_large: Callable[[str], Response] = _too_large,
+    refused: Callable[[CallEnded], Response] = ended_response,
 ) -> bytes | Response:
     """The request's body, or once it passes ``limit`` bytes (read no further) the 413 answer
-    ``too_large`` makes of a message saying so (OpenAI's error body unless given)."""
+    ``too_large`` makes of a message saying so (OpenAI's error body unless given).
+
+    The caller's token is checked first (:meth:`InProcessCalls.refusal`, as for a ``Chat``): a
+    request it does not admit is answered what ``refused`` makes of the refusal (OpenAI's error
+    body unless given) with none of its body read, so a caller without a valid token costs no
+    more than its headers, as over gRPC (docs/operate/authentication.md)."""
+    ended = await calls.refusal(_SERVICE + "Chat", call_info(request))
+    if ended is not None:
+        return refused(ended)
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
@@ -123,7 +136,7 @@ class ResponsesDoor:
 
     async def create(self, request: Request) -> Response:
         """``POST /v1/responses``."""
-        raw = await read_body(request, self.read_max_bytes)
+        raw = await read_body(request, self.read_max_bytes, self.calls)
         if isinstance(raw, Response):
             return raw
         try:
