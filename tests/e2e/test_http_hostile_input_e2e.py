@@ -6,14 +6,19 @@ store.
   takes one (Connect unary and streaming, gRPC-Web, the OpenAI, AG-UI and AI SDK doors), as over
   gRPC (docs/operate/authentication.md). Before, every door read up to 16 MiB first: eight such
   requests at once raised the sidecar's peak memory by 110-160 MB.
+- A request head (request line and headers) past 64 KiB is refused 431 and its connection
+  closed (docs/api/http.md#errors). Before, a header of any size was held: three 100 MB headers
+  took the sidecar from 110 to 485 MB.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import Iterator
 
+import httpx2 as httpx
 import pytest
 from support.http_sidecar import http_base, http_sidecar_config
 from support.sidecar import SidecarProcess, running_sidecar
@@ -97,3 +102,22 @@ async def test_a_wrong_token_is_refused_before_the_body_too(sidecar: SidecarProc
     )
     answer = await answer_to_head(sidecar, head, b"{" + b" " * 1024, b"token_invalid")
     assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+
+
+async def test_a_request_head_past_64_kib_is_refused_431(sidecar: SidecarProcess) -> None:
+    for path in ("/healthz", "/inspector/", "/v1/responses/resp-1"):
+        head = f"GET {path} HTTP/1.1\r\nhost: turnwire\r\nx-padding: ".encode()
+        answer = await answer_to_head(sidecar, head, b"a" * (2 << 20), b"\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+    # Heads within the bound, and bodies of any size up to the message limit, are served, on
+    # one connection one request after another.
+    async with httpx.AsyncClient(base_url=http_base(sidecar), timeout=30) as client:
+        for _ in range(3):
+            listed = await client.post(
+                "/turnwire.v1.ChatService/ListConversations",
+                content=json.dumps({"pageSize": 1, "padding": "x" * 300_000}),
+                headers={"authorization": f"Bearer {TOKEN}", "content-type": "application/json"},
+            )
+            assert listed.status_code == 200, listed.text
+            health = await client.get("/healthz", headers={"x-padding": "y" * 16_000})
+            assert health.status_code == 200, health.text
