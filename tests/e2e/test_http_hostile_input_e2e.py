@@ -13,6 +13,8 @@ store.
   nothing is stored (docs/security.md). Before, the AG-UI, AI SDK and Chat Completions doors
   answered 500, and over Connect a submission or schedule nested 40-48 levels deep was stored and
   then answered ``INTERNAL`` to every read, ``ListSchedules`` included.
+- A caller that leaves mid-body makes one log line without a traceback (before: an ERROR line
+  with Starlette's traceback per request).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import base64
 import contextlib
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -32,6 +35,7 @@ from google.rpc import error_details_pb2, status_pb2
 from support.http_sidecar import http_base, http_sidecar_config
 from support.sidecar import SidecarProcess, running_sidecar
 from support.tokens import new_token
+from support.waiting import wait_until
 
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, message_pb2
 
@@ -273,3 +277,36 @@ async def test_grpc_refuses_json_nested_past_32_levels(sidecar: SidecarProcess) 
                 chat_service_pb2.GetConversationRequest(conversation_id="grpc-deep"), metadata=metadata
             )
         assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_a_caller_that_leaves_mid_body_makes_one_line_and_no_traceback(tmp_path: Path) -> None:
+    """A caller that closes the connection before its whole body made an ERROR line with a
+    Starlette traceback on the OpenAI, AG-UI and AI SDK doors, one per request; now an INFO
+    line at most every 10 s (the rest at DEBUG), naming the route and how much arrived."""
+    config = http_sidecar_config(tmp_path, {TOKEN: ("alice", "tenant-a")}, SCRIPTS)
+    config["logging"] = {"level": "debug"}
+    with running_sidecar(tmp_path, config) as process:
+        paths = ("/v1/responses", "/v1/chat/completions", "/v1/ag-ui", "/v1/ai-sdk/chat")
+        for path in paths:
+            _reader, writer = await asyncio.open_connection(*address(process))
+            writer.write(
+                f"POST {path} HTTP/1.1\r\nhost: turnwire\r\naccept: text/event-stream\r\n"
+                f"authorization: Bearer {TOKEN}\r\ncontent-type: application/json\r\n"
+                "content-length: 1000\r\n\r\n{".encode()
+            )
+            await writer.drain()
+            writer.close()
+            await writer.wait_closed()
+
+        def reported() -> list[str]:
+            return [
+                line
+                for line in process.log_text().splitlines()
+                if "the client closed the connection after 1 bytes of its body" in line
+            ]
+
+        await wait_until(lambda: len(reported()) == len(paths), what="a line for each of the 4 callers")
+        lines = reported()
+        assert {path for path in paths if any(f"POST {path}:" in line for line in lines)} == set(paths)
+        assert "Traceback" not in process.log_text()
+        assert "Exception in ASGI application" not in process.log_text()
