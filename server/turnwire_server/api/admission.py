@@ -58,6 +58,7 @@ from grpc_status import rpc_status
 
 from turnwire_server.access_settings import TenantShareSettings
 from turnwire_server.api.caller import current_caller
+from turnwire_server.api.json_depth import MAX_JSON_DEPTH, too_deep_field
 from turnwire_server.api.kept_wrappers import KeptWrappers
 from turnwire_server.api.rpc_logging import Throttled, malformed_requests, short
 from turnwire_server.api.status import TurnwireStatusError, invalid_argument
@@ -134,6 +135,20 @@ def _tolerant(deserializer: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
             return _Undecodable(error)
 
     return parse
+
+
+def _too_deep(field: str) -> TurnwireStatusError:
+    """INVALID_ARGUMENT for a request whose JSON value ``field`` nests past the limit
+    (:mod:`turnwire_server.api.json_depth`): refused before anything runs or is stored."""
+    return invalid_argument(
+        [
+            (
+                field,
+                f"nests JSON objects and arrays more than {MAX_JSON_DEPTH} levels deep; flatten it "
+                f"(at most {MAX_JSON_DEPTH} levels)",
+            )
+        ]
+    )
 
 
 def _request_type(deserializer: Callable[[bytes], Any] | None) -> str:
@@ -389,6 +404,8 @@ class CallGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc is unt
         async def checked(request: Any, context: Context) -> None:
             if isinstance(request, _Undecodable):
                 await self._refuse_malformed(context, method, request_type, request.error)
+            elif (too_deep := too_deep_field(request)) is not None:
+                await context.abort_with_status(rpc_status.to_status(_too_deep(too_deep).to_status()))
 
         if not handler.request_streaming and not handler.response_streaming:
             unary_unary = handler.unary_unary

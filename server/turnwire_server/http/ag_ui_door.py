@@ -122,7 +122,9 @@ class AgUiDoor:
         raw = await read_body(
             request,
             self.read_max_bytes,
+            self.calls,
             too_large=lambda message: run_error_response(413, message, "request_too_large"),
+            refused=_ended_response,
         )
         if isinstance(raw, Response):
             return raw

@@ -30,7 +30,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from turnwire_client.v1 import chat_service_pb2, message_pb2
-from turnwire_server.http.openai_request import RequestProblem
+from turnwire_server.http.openai_request import RequestProblem, check_nesting
 
 
 class RunAgentInput(BaseModel):
@@ -69,6 +69,7 @@ def parse_run_input(raw: bytes) -> RunAgentInput:
         raise RequestProblem(f"the body is not JSON: {error}", None) from None
     if not isinstance(data, dict):
         raise RequestProblem("the body must be a JSON object (AG-UI's RunAgentInput)", None)
+    check_nesting(data)
     try:
         return RunAgentInput.model_validate(data)
     except ValidationError as error:

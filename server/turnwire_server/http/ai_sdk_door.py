@@ -83,7 +83,9 @@ class AiSdkDoor:
         raw = await read_body(
             request,
             self.read_max_bytes,
+            self.calls,
             too_large=lambda message: PlainTextResponse(message, status_code=413),
+            refused=refused,
         )
         if isinstance(raw, Response):
             return raw

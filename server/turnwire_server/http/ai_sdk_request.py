@@ -34,7 +34,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from turnwire_client.v1 import chat_service_pb2, message_pb2
-from turnwire_server.http.openai_request import RequestProblem
+from turnwire_server.http.openai_request import RequestProblem, check_nesting
 
 _READ = frozenset({"id", "messages", "trigger", "messageId", "model", "tools", "disconnectPolicy"})
 """Body fields this door reads; the others go to hooks in ``body``."""
@@ -87,6 +87,7 @@ def parse_body(raw: bytes) -> ChatBody:
         raise RequestProblem(f"the body is not JSON: {error}", None) from None
     if not isinstance(data, dict):
         raise RequestProblem("the body must be a JSON object: {id, messages, trigger, messageId}", None)
+    check_nesting(data)
     try:
         return ChatBody.model_validate(data)
     except ValidationError as error:

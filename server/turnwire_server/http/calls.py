@@ -308,6 +308,37 @@ class InProcessCalls:
             continuation = functools.partial(interceptor.intercept_service, continuation)
         return await continuation(_CallDetails(method, call.metadata))
 
+    async def refusal(self, method: str, call: DoorCallInfo) -> CallEnded | None:
+        """How a call of ``method`` with ``call``'s headers is refused before its request is read
+        (no valid token: :class:`~turnwire_server.api.access.AccessInterceptor`), else None.
+
+        A door asks before it reads a request body, so a caller without a valid token costs no
+        more than its headers, as over gRPC (docs/operate/authentication.md, "What a caller
+        without a token can cost"). A refused call runs its refusal here, counted in the metrics
+        and logged as the call would have been; an admitted one runs nothing (the door then makes
+        the call, authenticated again). An unknown ``method`` is not refused here: the call says so.
+        """
+        if self._table.handler(method) is None:
+            return None
+        handler = await self._handler(method, call)
+        if not handler.request_streaming:  # ChatService and Health have no request streams:
+            return None  # only a refusal (api/refusal.py) is one
+        context = HttpCallContext(call, _discard)
+        behavior = handler.stream_stream if handler.response_streaming else handler.stream_unary
+        try:
+            running = behavior(_nothing(), context)
+            if inspect.isasyncgen(running):
+                async for _ in running:
+                    pass
+            else:
+                await running
+        except CallEnded as ended:
+            return ended
+        finally:
+            context.finish()
+        code = context.code()
+        return None if code is None or code == grpc.StatusCode.OK else CallEnded(code, context.details())
+
     async def unary(self, method: str, request: Message, call: DoorCallInfo) -> Message:
         """The response of the unary ``method`` to ``request``."""
         handler = await self._handler(method, call)
@@ -367,6 +398,15 @@ class InProcessCalls:
 
 async def _one(request: Message) -> AsyncIterator[Message]:
     yield request
+
+
+async def _nothing() -> AsyncIterator[Message]:
+    return
+    yield  # an async generator that yields nothing: a refusal never reads its request
+
+
+async def _discard(_response: Any) -> None:
+    """A refusal writes no response."""
 
 
 __all__ = [

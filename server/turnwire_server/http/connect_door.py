@@ -195,6 +195,25 @@ def _streaming(path: str, calls: InProcessCalls) -> Any:
     return call
 
 
+class _TokenFirst:
+    """A connectrpc metadata interceptor: a call its token does not admit is refused before its
+    request is read (:meth:`InProcessCalls.refusal`), so a caller without a valid token costs
+    no more than its headers, as over gRPC (docs/operate/authentication.md)."""
+
+    def __init__(self, calls: InProcessCalls) -> None:
+        self._calls = calls
+
+    async def on_start(self, ctx: RequestContext[Any, Any]) -> None:
+        """Refuse the call (a ConnectError) when its token does not admit it."""
+        method = f"/{ctx.method.service_name}/{ctx.method.name}"
+        refused = await self._calls.refusal(method, _call_info(ctx))
+        if refused is not None:
+            raise connect_error(refused)
+
+    async def on_end(self, _token: None, _ctx: RequestContext[Any, Any], _error: Exception | None, /) -> None:
+        """Nothing to do at the call's end."""
+
+
 def _is_native_grpc(content_type: bytes) -> bool:
     kind = content_type.split(b";")[0].strip().lower()
     return kind == b"application/grpc" or kind.startswith(b"application/grpc+")
@@ -212,14 +231,16 @@ async def _refuse_native_grpc(send: Any) -> None:
 
 class ConnectDoor(ConnectASGIApplication[None]):
     """The ASGI application serving ``endpoints`` (:func:`endpoints_of`) over Connect and
-    gRPC-Web; request messages up to ``read_max_bytes`` (larger: ``RESOURCE_EXHAUSTED``)."""
+    gRPC-Web; request messages up to ``read_max_bytes`` (larger: ``RESOURCE_EXHAUSTED``), read
+    only once ``calls`` found the caller's token good (:class:`_TokenFirst`)."""
 
-    def __init__(self, endpoints: Mapping[str, Any], *, read_max_bytes: int) -> None:
+    def __init__(self, endpoints: Mapping[str, Any], *, read_max_bytes: int, calls: InProcessCalls) -> None:
         super().__init__(
             service=None,
             endpoints=lambda _service: endpoints,
             read_max_bytes=read_max_bytes,
             codecs=[ProtoBinaryCodec(), ProtoJsonCodec()],
+            interceptors=[_TokenFirst(calls)],
         )
         self._paths = tuple(endpoints)
 

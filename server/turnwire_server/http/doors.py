@@ -66,7 +66,11 @@ DoorFactory = Callable[[DoorContext], Door]
 
 def connect_door(context: DoorContext) -> Door:
     """Connect and gRPC-Web for every unary and server-streaming method of the services."""
-    app = ConnectDoor(endpoints_of(context.services, context.calls), read_max_bytes=context.read_max_bytes)
+    app = ConnectDoor(
+        endpoints_of(context.services, context.calls),
+        read_max_bytes=context.read_max_bytes,
+        calls=context.calls,
+    )
     return Door(
         "Connect, gRPC-Web", [Mount(f"/{service.full_name}", app=app) for service in context.services]
     )

@@ -33,7 +33,7 @@ from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 from turnwire_server.http.calls import CallEnded, DoorCallInfo, InProcessCalls
 from turnwire_server.http.openai_door import call_info, json_response, keyed_id, read_body, struct_of
 from turnwire_server.http.openai_errors import bad_request, ended_error, ended_response
-from turnwire_server.http.openai_request import item_params
+from turnwire_server.http.openai_request import RequestProblem, check_nesting, item_params
 
 _SERVICE = "/turnwire.v1.ChatService/"
 _PARAMS = {"conversation_id": "conversation", "client_tools": "tools", "messages": "messages"}
@@ -324,7 +324,7 @@ class ChatCompletionsDoor:
 
     async def create(self, request: Request) -> Response:
         """``POST /v1/chat/completions``."""
-        raw = await read_body(request, self.read_max_bytes)
+        raw = await read_body(request, self.read_max_bytes, self.calls)
         if isinstance(raw, Response):
             return raw
         try:
@@ -333,6 +333,10 @@ class ChatCompletionsDoor:
             return bad_request(f"the body is not JSON: {error}", None)
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
             return bad_request("messages: a non-empty list of messages", "messages")
+        try:
+            check_nesting(body)
+        except RequestProblem as problem:
+            return bad_request(problem.message, problem.param)
         if body.get("n") not in (None, 1):
             # One turn makes one reply: n choices would be n turns, each stored and billed.
             return bad_request(

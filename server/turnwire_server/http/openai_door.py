@@ -25,6 +25,7 @@ response there; an older one continues a fork of that conversation made at that 
 from __future__ import annotations
 
 import hashlib
+import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -34,11 +35,12 @@ from google.protobuf import struct_pb2
 from google.protobuf.message import Message
 from sse_starlette import EventSourceResponse
 from sse_starlette.sse import AppStatus
-from starlette.requests import Request
-from starlette.responses import Response
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from turnwire_client.v1 import chat_service_pb2, message_pb2
+from turnwire_server.api.rpc_logging import Throttled
 from turnwire_server.engine.ids import assistant_message_id
 from turnwire_server.http.calls import CallEnded, DoorCallInfo, InProcessCalls, metadata_of
 from turnwire_server.http.openai_errors import bad_request, ended_error, ended_response, error_response
@@ -67,24 +69,55 @@ def call_info(request: Request) -> DoorCallInfo:
     return DoorCallInfo(metadata_of(request.headers.items()), peer)
 
 
+log = logging.getLogger("turnwire.http")
+
+_left_mid_body = Throttled(log, logging.INFO)
+"""Callers that close the connection before their whole body: one INFO line per 10 s, the rest
+at DEBUG (a caller can do it at will, so never a traceback and never a line each)."""
+
+
 def _too_large(message: str) -> Response:
     return error_response(413, message, "invalid_request_error", None, "request_too_large")
 
 
 async def read_body(
-    request: Request, limit: int, *, too_large: Callable[[str], Response] = _too_large
+    request: Request,
+    limit: int,
+    calls: InProcessCalls,
+    *,
+    too_large: Callable[[str], Response] = _too_large,
+    refused: Callable[[CallEnded], Response] = ended_response,
 ) -> bytes | Response:
     """The request's body, or once it passes ``limit`` bytes (read no further) the 413 answer
-    ``too_large`` makes of a message saying so (OpenAI's error body unless given)."""
+    ``too_large`` makes of a message saying so (OpenAI's error body unless given).
+
+    The caller's token is checked first (:meth:`InProcessCalls.refusal`, as for a ``Chat``): a
+    request it does not admit is answered what ``refused`` makes of the refusal (OpenAI's error
+    body unless given) with none of its body read, so a caller without a valid token costs no
+    more than its headers, as over gRPC (docs/operate/authentication.md)."""
+    ended = await calls.refusal(_SERVICE + "Chat", call_info(request))
+    if ended is not None:
+        return refused(ended)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            return too_large(
-                f"the body is larger than the sidecar takes ({limit} bytes, limits.max_receive_message_bytes)"
-            )
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                return too_large(
+                    f"the body is larger than the sidecar takes ({limit} bytes, "
+                    "limits.max_receive_message_bytes)"
+                )
+            chunks.append(chunk)
+    except ClientDisconnect:
+        # The caller left mid-body: nothing to answer, and nothing for the operator to fix.
+        _left_mid_body.event(
+            "%s %s: the client closed the connection after %d bytes of its body; nothing was run",
+            request.method,
+            request.url.path,
+            size,
+        )
+        return PlainTextResponse("the client closed the connection before its whole body\n", status_code=400)
     return b"".join(chunks)
 
 
@@ -123,7 +156,7 @@ class ResponsesDoor:
 
     async def create(self, request: Request) -> Response:
         """``POST /v1/responses``."""
-        raw = await read_body(request, self.read_max_bytes)
+        raw = await read_body(request, self.read_max_bytes, self.calls)
         if isinstance(raw, Response):
             return raw
         try:

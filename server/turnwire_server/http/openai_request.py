@@ -22,6 +22,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from turnwire_client.v1 import chat_service_pb2, message_pb2
+from turnwire_server.api.json_depth import MAX_JSON_DEPTH, json_depth
 
 _ROLES: dict[str, message_pb2.Role.ValueType] = {
     "user": message_pb2.ROLE_USER,
@@ -67,6 +68,19 @@ class RequestProblem(Exception):
         super().__init__(message)
         self.message = message
         self.param = param
+
+
+def check_nesting(data: Any) -> None:
+    """Raise :class:`RequestProblem` for a body (parsed JSON) that nests objects and arrays
+    deeper than :data:`~turnwire_server.api.json_depth.MAX_JSON_DEPTH`: its free-form fields
+    (``metadata``, ``state``, tool schemas …) become ``google.protobuf.Struct`` values, which
+    the sidecar takes only that deep (docs/security.md)."""
+    if json_depth(data) > MAX_JSON_DEPTH:
+        raise RequestProblem(
+            f"the body nests JSON objects and arrays more than {MAX_JSON_DEPTH} levels deep; flatten "
+            f"it (at most {MAX_JSON_DEPTH} levels)",
+            None,
+        )
 
 
 class _Conversation(BaseModel):
@@ -122,6 +136,7 @@ def parse_request(raw: bytes) -> ResponsesRequest:
         raise RequestProblem(f"the body is not JSON: {error}", None) from None
     if not isinstance(data, dict):
         raise RequestProblem("the body must be a JSON object (OpenAI's response create parameters)", None)
+    check_nesting(data)
     try:
         return ResponsesRequest.model_validate(data)
     except ValidationError as error:

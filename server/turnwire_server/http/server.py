@@ -7,7 +7,8 @@ it is the most used ASGI server, embeds in a running loop (``Server.serve`` with
 bind), parses HTTP/1.1 with httptools (C) for the least CPU per request, and browsers, curl and
 connect-web reach Connect and gRPC-Web over HTTP/1.1 (docs/architecture.md "The HTTP listener").
 Its own signal handlers are not installed: the sidecar's signal handling stops it
-(:meth:`HttpListener.stop`).
+(:meth:`HttpListener.stop`). httptools sets no bound on a request's head, so the protocol is
+uvicorn's with one (:class:`_BoundedHeadProtocol`: 431 past :data:`MAX_HEAD_BYTES`).
 
 The socket is bound here: with ``SO_REUSEPORT`` under ``serve --workers N`` (each worker listens
 on the port the supervisor holds, as for gRPC), without it otherwise, so a second sidecar on the
@@ -29,9 +30,11 @@ import os
 import socket
 import ssl
 from collections.abc import Generator, Sequence
+from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from turnwire_server.api.tls_settings import ServerTlsSettings
 from turnwire_server.http.doors import (
@@ -61,6 +64,64 @@ DOORS: tuple[DoorFactory, ...] = (
     openai_unserved_door,
 )
 """The doors of the listener, in route order (docs/http.md#adding-a-door)."""
+
+
+MAX_HEAD_BYTES = 64 << 10
+"""The most a request's head (its request line and headers) may take: past it the answer is 431
+and the connection is closed (docs/api/http.md#errors). gRPC refuses metadata over 8 KiB; a
+browser's or an SDK's headers, a JWT included, take a few KiB."""
+
+_HEAD_TOO_LARGE = (
+    b"the request line and headers are larger than the sidecar takes (%d bytes)\n" % MAX_HEAD_BYTES
+)
+
+
+class _BoundedHeadProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a bound on each request's head (:data:`MAX_HEAD_BYTES`).
+
+    httptools keeps a header's bytes until the header ends and sets no limit of its own, so
+    without this a caller, with no token, could make the listener hold a header of any size
+    (three connections sending 100 MB headers took the sidecar from 110 to 485 MB). The bytes of
+    every read that leaves the head unfinished are counted; once past the bound the caller gets
+    431 and the connection is closed. The read that finishes a head is not counted, so the bound
+    holds to within one read."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._in_head = True  # between a request's end (or the connection's start) and its head's
+        self._head_bytes = 0
+        self._edges = 0  # heads and requests ended so far
+
+    def data_received(self, data: bytes) -> None:
+        """Parse ``data``; refuse the request once its unfinished head passes the bound."""
+        edges = self._edges
+        super().data_received(data)
+        # Only a read that lies wholly inside one head counts: one that ended a head or a
+        # request also holds bytes of a body or of the request before.
+        if edges != self._edges or not self._in_head or self.transport.is_closing():
+            return
+        self._head_bytes += len(data)
+        if self._head_bytes > MAX_HEAD_BYTES:
+            self.transport.write(
+                b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+                b"content-type: text/plain; charset=utf-8\r\n"
+                b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(_HEAD_TOO_LARGE), _HEAD_TOO_LARGE)
+            )
+            self.transport.close()
+
+    def on_headers_complete(self) -> None:
+        """The head ended: its body is not counted."""
+        self._in_head = False
+        self._head_bytes = 0
+        self._edges += 1
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        """The request ended: what comes next is the next request's head."""
+        self._in_head = True
+        self._head_bytes = 0
+        self._edges += 1
+        super().on_message_complete()
 
 
 class HttpListenError(Exception):
@@ -213,7 +274,7 @@ async def start_http(
         lifespan="off",
         log_config=None,
         access_log=False,
-        http="httptools",
+        http=_BoundedHeadProtocol,
         ws="none",
         # The sidecar's own stop bounds the wait (HttpListener.stop); uvicorn's only matters
         # should that wait be skipped.
