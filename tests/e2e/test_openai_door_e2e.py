@@ -498,8 +498,8 @@ async def test_an_idempotency_key_makes_the_sdks_retries_one_response(
     hasty = openai.AsyncOpenAI(
         base_url=f"{http_base(sidecar)}/v1",
         api_key=TOKEN_A,
-        timeout=0.5,
-        max_retries=2,
+        timeout=0.8,  # retries start about 1.3, 3.1, 5.9 s in: one after the 2 s turn, even under load
+        max_retries=4,
         http_client=openai.DefaultAsyncHttpxClient(event_hooks={"request": [count]}),
     )
     async with hasty:  # the turn takes 2 s: the first request times out, a retry gets the answer
@@ -540,8 +540,8 @@ async def test_an_idempotency_key_makes_chat_completions_retries_one_completion(
     hasty = openai.AsyncOpenAI(
         base_url=f"{http_base(sidecar)}/v1",
         api_key=TOKEN_A,
-        timeout=0.5,
-        max_retries=2,
+        timeout=0.8,  # as above
+        max_retries=4,
         http_client=openai.DefaultAsyncHttpxClient(event_hooks={"request": [count]}),
     )
     create: dict[str, Any] = {

@@ -13,12 +13,11 @@ gate, both listeners), :func:`json_depth` for the JSON bodies of the HTTP doors.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from functools import cache
 from typing import Any, Final
 
 from google.protobuf import struct_pb2
-from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import Message
 
 MAX_JSON_DEPTH: Final = 32
@@ -65,54 +64,62 @@ def json_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> int:
 
 def too_deep_field(message: Message, limit: int = MAX_JSON_DEPTH) -> str | None:
     """The path (``body``, ``message.metadata``, ``client_tools[0].input_schema``) of the first
-    JSON value in ``message`` that nests deeper than ``limit``, else None."""
-    for path, value in _json_values(message, ""):
-        if json_depth(value, limit) > limit:
-            return path
+    JSON value in ``message`` that nests deeper than ``limit``, else None. Visits only the fields
+    that are set and can hold such a value (``ListFields``: a request's unset fields cost nothing),
+    and builds a path only for the value it reports."""
+    plan = _plan(message.DESCRIPTOR)
+    if not plan:
+        return None
+    for field, value in message.ListFields():
+        kind = plan.get(field.number)
+        if kind is None:
+            continue
+        is_json, is_map = kind
+        if is_map:
+            items: Any = value.items()
+        elif field.is_repeated:
+            items = enumerate(value)
+        else:
+            found = _too_deep_in(value, is_json, limit)
+            if found is not None:
+                return field.name + found
+            continue
+        for key, item in items:
+            found = _too_deep_in(item, is_json, limit)
+            if found is not None:
+                return f"{field.name}[{key!r}]{found}" if is_map else f"{field.name}[{key}]{found}"
     return None
 
 
-def _json_values(message: Message, prefix: str) -> Iterator[tuple[str, Message]]:
-    for field, is_json in _plan(message.DESCRIPTOR):
-        name = prefix + field.name
-        values: Iterator[tuple[str, Any]]
-        if field.is_repeated:
-            items = getattr(message, field.name)
-            if field.message_type is not None and field.message_type.GetOptions().map_entry:
-                values = iter([(f"{name}[{key!r}]", item) for key, item in items.items()])
-            else:
-                values = ((f"{name}[{index}]", item) for index, item in enumerate(items))
-        elif message.HasField(field.name):
-            values = iter([(name, getattr(message, field.name))])
-        else:
-            continue
-        for path, item in values:
-            if not isinstance(item, Message):
-                continue
-            if is_json:
-                yield path, item
-            else:
-                yield from _json_values(item, path + ".")
+def _too_deep_in(item: Any, is_json: bool, limit: int) -> str | None:
+    # "" when ``item`` itself is the value too deep, ".<path>" for one inside it, else None.
+    if not isinstance(item, Message):
+        return None
+    if is_json:
+        return "" if json_depth(item, limit) > limit else None
+    inner = too_deep_field(item, limit)
+    return None if inner is None else "." + inner
 
 
 @cache
-def _plan(descriptor: Descriptor) -> tuple[tuple[FieldDescriptor, bool], ...]:
-    """The message fields of ``descriptor`` that are, or may hold, JSON values, each with
-    whether it is one itself (a map's entries count by their values)."""
-    plan: list[tuple[FieldDescriptor, bool]] = []
+def _plan(descriptor: Descriptor) -> dict[int, tuple[bool, bool]]:
+    """The message fields of ``descriptor`` that are, or may hold, JSON values, by field number:
+    whether each is one itself (a map's entries count by their values) and whether it is a map."""
+    plan: dict[int, tuple[bool, bool]] = {}
     for field in descriptor.fields:
         child = field.message_type
         if child is None:
             continue
-        if child.GetOptions().map_entry:
+        is_map = bool(child.GetOptions().map_entry)
+        if is_map:
             child = child.fields_by_name["value"].message_type
             if child is None:
                 continue
         if child.full_name in _JSON_TYPES:
-            plan.append((field, True))
+            plan[field.number] = (True, is_map)
         elif _may_hold_json(child, frozenset({descriptor.full_name})):
-            plan.append((field, False))
-    return tuple(plan)
+            plan[field.number] = (False, is_map)
+    return plan
 
 
 def _may_hold_json(descriptor: Descriptor, visiting: frozenset[str]) -> bool:
