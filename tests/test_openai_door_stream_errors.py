@@ -39,6 +39,10 @@ def _store_outage() -> CallEnded:
 class _StartsThenFails:
     """Calls whose turn stream sends its TurnStart and then ends with a store outage."""
 
+    async def refusal(self, method: str, call: Any) -> None:
+        """No caller is refused (``InProcessCalls.refusal``: the door asks before it reads)."""
+        return None
+
     def stream(self, method: str, request: Any, call: Any) -> AsyncIterator[Any]:
         async def events() -> AsyncIterator[Any]:
             start = event_pb2.TurnEvent(
