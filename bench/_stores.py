@@ -57,6 +57,19 @@ def backend_cpu_s(url: str) -> float:
     return sum(cpu_seconds_of(pid) for pid in pids)
 
 
+def analyzed(url: str) -> None:
+    """Bring the statistics of ``url``'s database up to date (``ANALYZE``), as autovacuum's
+    analyze keeps them on a server whose tables grow (at 50 rows plus 10 % changed, within its
+    one-minute nap), before each round of a bench. Without it, the generic plans PostgreSQL made
+    for the first requests of a bench, on near-empty tables, stay in use while the tables grow by
+    thousands of rows in seconds: the budget decision joined the whole ``budget_spend`` table (a
+    hash join) instead of looking up its rows, its execution ~270 µs at 500 requests and ~660 at
+    3,000, which a running server's plans do not do (bench/budget_cost.md, 2026-12-07). The
+    session doing it ends before the round's first reading (:func:`backend_cpu_s` leaves it out)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("ANALYZE")
+
+
 async def timed_block(
     run: Callable[[int], Awaitable[None]], *, turns: int, url: str | None, base: int
 ) -> tuple[list[float], list[float], float]:
@@ -122,6 +135,9 @@ async def interleaved(
         for arm in arms:
             await timed_block(run(store, arm), turns=warm, url=url, base=-10 * warm)
     for r in range(rounds):
+        for _, _, url in stores:
+            if url:
+                analyzed(url)
         for name, store, url in stores:
             for arm in [*arms[r % len(arms) :], *arms[: r % len(arms)]]:
                 cpu, wall, server = await timed_block(run(store, arm), turns=block, url=url, base=r * block)

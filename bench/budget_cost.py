@@ -76,7 +76,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _stores import backend_cpu_s, both_stores
+from _stores import analyzed, backend_cpu_s, both_stores
 
 from turnwire.compaction import EstimateTokens
 from turnwire.providers import ModelRequest
@@ -452,6 +452,7 @@ async def main() -> None:
                     read_check=read_check,
                 )
         for r in range(args.rounds):
+            analyzed(url)  # as autovacuum keeps a growing server's statistics
             for name, store, store_url in stores:
                 # Interleaved, each round in another order: a load change hits every arm alike,
                 # and (every other round backwards) no arm always follows the same one.

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from _stores import backend_cpu_s, both_stores
+from _stores import analyzed, backend_cpu_s, both_stores
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store import TurnRecord
@@ -77,6 +77,7 @@ async def main() -> None:
     rows = []
     async with both_stores() as (lite, pg, url):
         for n in range(args.rounds):
+            analyzed(url)  # as autovacuum keeps a growing server's statistics
             for arm in ("before", "now") if n % 2 == 0 else ("now", "before"):
                 sc, _ = await _round(lite, arm, args.writes, n, None)
                 pc, ps = await _round(pg, arm, args.writes, n, url)

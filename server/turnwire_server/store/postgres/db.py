@@ -135,11 +135,19 @@ async def conversations_locked(conn: Conn, conversation_ids: Iterable[str]) -> A
     and two statements for all of them (a group commit's writes would take them one by one);
     the writes run inside the block do not take them again."""
     ordered = sorted(set(conversation_ids))
-    await conn.execute(
-        b"SELECT pg_advisory_xact_lock(%s, hashtext(c)) FROM unnest(%s::text[]) AS c",
-        (CONVERSATION_LOCK_CLASS, ordered),
-    )
-    await conn.execute(b"SELECT 1 FROM conversations WHERE id = ANY(%s) ORDER BY id FOR UPDATE", (ordered,))
+    if len(ordered) == 1:
+        # One conversation (most commits): the statements whose generic plans are the primary
+        # key's lookups. With ``ANY`` PostgreSQL plans the row lock again at every call (a custom
+        # plan, ~50 µs of the server's CPU a commit: bench/budget_cost.md, 2026-12-07).
+        await send_conversation_lock(conn, ordered[0])
+    else:
+        await conn.execute(
+            b"SELECT pg_advisory_xact_lock(%s, hashtext(c)) FROM unnest(%s::text[]) AS c",
+            (CONVERSATION_LOCK_CLASS, ordered),
+        )
+        await conn.execute(
+            b"SELECT 1 FROM conversations WHERE id = ANY(%s) ORDER BY id FOR UPDATE", (ordered,)
+        )
     token = _LOCKED.set(frozenset(ordered))
     try:
         yield
