@@ -252,19 +252,34 @@ _KEY_SHAPE = re.compile(
     rf"(?<![{_TOKEN}])(?=[{_TOKEN}]*[0-9])(?=[{_TOKEN}]*[A-Za-z])(?:{'|'.join(KEY_SHAPES)})(?![{_TOKEN}])"
 )
 
+_END = r"""(?<![)\]>.,:;!?])"""
+"""A secret's last character is none of these: a closing bracket or a sentence's punctuation
+right after a secret is the text's, not the secret's (``(password=hunter22).`` keeps ``).``)."""
+
+_CREDENTIAL = (
+    rf"""(?![A-Z]?[a-z]{{1,19}}(?![{_TOKEN}~+/=]|\.[{_TOKEN}]))"""
+    rf"""[A-Za-z0-9\-._~+/]+=*{_END}(?![{_TOKEN}~+/=])"""
+)
+"""A bearer or basic credential (RFC 6750's b64token) that does not read as an ordinary word:
+letters alone, at most the first upper-case, under 20 of them (``a bearer token``, ``Bearer
+Token``) are prose, not a credential; anything with a digit, a second capital, a symbol or
+length is masked. It is a whole token: ``bearer password=…`` is left to the ``password`` pattern."""
+
 _PATTERNS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...] = (
-    # A header line or a header in a dict's repr: the scheme stays, the credential goes.
+    # A header line or a header in a dict's repr: the scheme stays, the credential goes; a
+    # placeholder such as <token> is no credential.
     (
         re.compile(
-            r"""(?i)((?:proxy-)?authorization['"]?\s*[:=]\s*['"]?)(?:(bearer|basic|token)\s+)?[^\s'",;}]+"""
+            r"""(?i)((?:proxy-)?authorization['"]?\s*[:=]\s*['"]?)(?:(bearer|basic|token)\s+)?+"""
+            rf"""(?!<[^\s>]*>)[^\s'",;}}]+{_END}"""
         ),
         lambda match: f"{match.group(1)}{match.group(2) + ' ' if match.group(2) else ''}{MASK}",
     ),
-    (re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9\-._~+/]+=*"), r"\1 " + MASK),
+    (re.compile(rf"\b((?i:bearer|basic))\s+{_CREDENTIAL}"), r"\1 " + MASK),
     (
         re.compile(
             r"""(?i)\b((?:x-)?api[-_]?key|access[-_]?token|refresh[-_]?token|client[-_]?secret|password|passwd)"""
-            r"""(['"]?\s*[:=]\s*['"]?)[^\s'",;&}]+"""
+            rf"""(['"]?\s*[:=]\s*['"]?)[^\s'",;&}}]+{_END}"""
         ),
         r"\1\2" + MASK,
     ),

@@ -102,7 +102,7 @@ async def test_ctrl_c_aborts_the_turn_and_says_so(sidecar: SidecarProcess) -> No
     shown = await run_turnwire("history", "cli-ctrl-c", "--target", sidecar.target)
     assert shown.code == 0, shown
     marks = [line for line in shown.stdout.splitlines() if line.startswith("(partial: turn cli-")]
-    assert len(marks) == 1 and marks[0].endswith(" ended ABORTED)"), shown.stdout
+    assert len(marks) == 1 and marks[0].endswith(" ended ABORTED: CANCELLED (caller_left))"), shown.stdout
     async with TurnwireClient(sidecar.target) as client:
         conversation = await client.get_conversation("cli-ctrl-c")
     (reply,) = conversation.partial_replies
@@ -143,7 +143,7 @@ async def test_ctrl_c_before_the_first_token_says_no_reply_was_stored(sidecar: S
     shown = await run_turnwire("history", "cli-ctrl-c-early", "--target", sidecar.target)
     assert shown.code == 0, shown
     lines = shown.stdout.splitlines()
-    mark = f"(turn {request_id} ended ABORTED before any reply was stored)"
+    mark = f"(turn {request_id} ended ABORTED before any reply was stored: CANCELLED (caller_left))"
     assert lines[-2:] == ["hi", mark], shown.stdout  # after the user message, plain when piped
 
     # Trial 4: `continue` then answers the waiting message (there was no reply to continue),
@@ -197,8 +197,11 @@ async def test_piped_chat_shows_its_request_id_for_cancel(sidecar: SidecarProces
     out, err = await asyncio.wait_for(chat.communicate(), timeout=30)
     assert chat.returncode == 1, (out, err)
     status = out.decode().splitlines()[-1]
-    # The stream does not say who cancelled; this client did not: the line says where it can come from.
-    assert status.startswith("ABORTED (cancelled elsewhere: `turnwire cancel` or another client)"), status
+    # The TurnEnd says who cancelled: a CancelChat (turnwire cancel), not this client.
+    assert status.startswith(
+        "ABORTED [CANCELLED]: the turn was cancelled: `turnwire cancel` or CancelSubmission;"
+        " its partial reply is stored"
+    ), status
     assert "out 0" not in status and "out not reported" in status, status
     assert request_id not in out.decode()  # stdout is the reply and its status line only
 

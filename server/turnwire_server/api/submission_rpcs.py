@@ -233,7 +233,7 @@ class SubmissionRpcs:
             )
             place = record.submission_id
             if reserved:  # refused unless idle, atomically with taking its place; nothing stored
-                await self.engine.reserve_if_idle(request.conversation_id, place)
+                await self.engine.line.reserve_if_idle(request.conversation_id, place)
             try:
                 record, created = await self.submissions.submit(
                     record,
@@ -242,10 +242,10 @@ class SubmissionRpcs:
                 )
             except BaseException:
                 if reserved:
-                    await self.engine.release_place(request.conversation_id, place)
+                    await self.engine.line.release_place(request.conversation_id, place)
                 raise
             if reserved and not created:  # a repeat (same idempotency key): its own place stands
-                await self.engine.release_place(request.conversation_id, place)
+                await self.engine.line.release_place(request.conversation_id, place)
         except (TurnwireStatusError, UnknownModel, StoreError, AdmissionRefused) as error:
             await _abort(context, error)
             raise AssertionError("unreachable") from None

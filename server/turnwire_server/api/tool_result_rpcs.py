@@ -261,7 +261,7 @@ class ToolResultRpcs:
             # REJECT is decided before the answers are stored, atomically with taking the turn's
             # place in line (so nothing admitted meanwhile, on any replica, slips in before it).
             try:
-                await self.engine.reserve_if_idle(conversation_id, request_id)
+                await self.engine.line.reserve_if_idle(conversation_id, request_id)
             except AdmissionRefused as error:
                 raise status_error_of(error) from error
         try:
@@ -272,7 +272,7 @@ class ToolResultRpcs:
             )
         except BaseException:
             if reserved:
-                await self.engine.release_place(conversation_id, request_id)
+                await self.engine.line.release_place(conversation_id, request_id)
             raise
         names = {
             part.tool_call.tool_call_id: part.tool_call.tool_name
@@ -288,7 +288,7 @@ class ToolResultRpcs:
         ]
         if not messages and not (outcome.completed and auto_continue):
             if reserved:
-                await self.engine.release_place(conversation_id, request_id)
+                await self.engine.line.release_place(conversation_id, request_id)
             return _skipped(response_type, conversation_id, request_id, outcome, denials)
         try:
             return await self.engine.start(

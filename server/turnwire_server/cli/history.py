@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import grpc
 from google.protobuf import json_format
+from google.rpc import status_pb2
 from rich.console import Console
 from rich.text import Text
 
@@ -186,12 +187,20 @@ def print_message(out: Console, message: message_pb2.Message, conversation_id: s
             out.print(Text(f"[data {part.data.type}] {data}", style="dim"), soft_wrap=True)
 
 
+def _why(error: status_pb2.Status) -> str:
+    """Why a turn ended, as its error's reason, with who cancelled it for ``CANCELLED``
+    (``CANCELLED (caller_left)``, docs/semantics.md §10)."""
+    error_info = TurnwireError.from_status(error)
+    cause = error_info.error_metadata.get("cancel_cause")
+    return f"{error_info.reason} ({cause})" if cause else error_info.reason
+
+
 def _partial_line(reply: chat_service_pb2.PartialReply) -> Text:
     """The mark under a reply whose turn did not complete (or is still running)."""
     if reply.status == event_pb2.TURN_STATUS_UNSPECIFIED:
         return Text(f"(partial: turn {reply.request_id} is still running)", style="yellow")
     status = event_pb2.TurnStatus.Name(reply.status).removeprefix("TURN_STATUS_")
-    reason = TurnwireError.from_status(reply.error).reason if reply.HasField("error") else ""
+    reason = _why(reply.error) if reply.HasField("error") else ""
     return Text(
         f"(partial: turn {reply.request_id} ended {status}{': ' + reason if reason else ''})",
         style=STATUS_STYLES.get(reply.status, "bold"),
@@ -204,8 +213,8 @@ def _unreplied_line(turn: chat_service_pb2.TurnWithoutReply) -> Text:
     if turn.status == event_pb2.TURN_STATUS_UNSPECIFIED:
         return Text(f"(turn {turn.request_id} is running; no reply stored yet)", style="yellow")
     status = event_pb2.TurnStatus.Name(turn.status).removeprefix("TURN_STATUS_")
-    reason = TurnwireError.from_status(turn.error).reason if turn.HasField("error") else ""
-    if reason == "ROLLED_BACK":
+    reason = _why(turn.error) if turn.HasField("error") else ""
+    if reason.startswith("ROLLED_BACK"):
         text = f"(turn {turn.request_id} ended {status}: rolled back, its input and reply removed)"
     else:
         text = f"(turn {turn.request_id} ended {status} before any reply was stored"

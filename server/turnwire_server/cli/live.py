@@ -314,14 +314,14 @@ def print_status_line(out: Console, result: TurnResult, model: str, *, output_st
 
     Why: the error's reason and message; for a provider error its class as ``classify_chat_error``
     and the sidecar's log name it, then the fine class (``(transient: server_error)``,
-    :data:`turnwire.error_classes.COARSE`); an ``ABORTED`` without an error (a plain cancel, which
-    the stream does not attribute, docs/semantics.md §10) says where it can have come from, since
-    this client did not cancel it. Steps are shown once a step finished (``step_count`` counts a
-    step cut short too: one the model never answered is no step to show). Token counts are the
-    provider's: none when it reported none; an output count of 0 after output was streamed
-    (``output_streamed``: a stream cut by a cancel before the provider's usage event, or a server
-    that reports no usage) is said to be not reported rather than shown as 0. The cost is
-    ``TurnEnd.cost`` in US dollars, shown only when known (docs/cost.md: unknown is not $0)."""
+    :data:`turnwire.error_classes.COARSE`); an ``ABORTED`` without an error (a plain cancel from a
+    sidecar that did not yet say who cancelled: ``CANCELLED``, docs/semantics.md §10) says where it
+    can have come from, since this client did not cancel it. Steps are shown once a step finished
+    (``step_count`` counts a step cut short too: one the model never answered is no step to show).
+    Token counts are the provider's: none when it reported none; an output count of 0 after output
+    was streamed (``output_streamed``: a stream cut by a cancel before the provider's usage event,
+    or a server that reports no usage) is said to be not reported rather than shown as 0. The cost
+    is ``TurnEnd.cost`` in US dollars, shown only when known (docs/cost.md: unknown is not $0)."""
     line = Text()
     line.append(result.status_name, style=STATUS_STYLES.get(result.status, "bold"))
     if result.error is not None:

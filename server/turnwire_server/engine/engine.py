@@ -1,5 +1,9 @@
 """The turn engine: admission, the running-turn registry, cancellation, drain, recovery.
 
+A conversation's line and its concurrent-input strategies are
+:mod:`~turnwire_server.engine.conversation_line`'s; stopping the turns at shutdown is
+:mod:`~turnwire_server.engine.shutdown`'s.
+
 It knows only interfaces: a :class:`~turnwire_server.store.base.EngineStore`, a
 :class:`~turnwire_server.providers.registry.ProviderRegistry`,
 :class:`~turnwire.tools.Tool`s and a
@@ -13,7 +17,6 @@ import asyncio
 import contextvars
 import datetime as dt
 import logging
-import time
 from collections import Counter
 from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
 from typing import Any, Protocol
@@ -24,16 +27,14 @@ from turnwire_client.v1 import event_pb2
 from turnwire_server.engine import metrics
 from turnwire_server.engine.budget_gate import BudgetGate
 from turnwire_server.engine.channel import EventChannel
+from turnwire_server.engine.conversation_line import ConversationLine, stop_of
 from turnwire_server.engine.crash_recovery import recover_turn
 from turnwire_server.engine.errors import (
-    CancelledByShutdown,
     ConversationDeleted,
     NestedTurn,
     QueueFull,
     RequestIdInUse,
-    ServerStopping,
     ShuttingDown,
-    StoppedByInput,
     TurnInProgress,
     drop_tracebacks,
 )
@@ -41,6 +42,7 @@ from turnwire_server.engine.events import EventWriter
 from turnwire_server.engine.request import TurnRequest
 from turnwire_server.engine.resume import replay
 from turnwire_server.engine.settings import EngineSettings
+from turnwire_server.engine.shutdown import stop_turns
 from turnwire_server.engine.stream_log import RECOVERY_SEQUENCE_GAP, StreamLog, Subscription
 from turnwire_server.engine.tracing import TRACING_OFF, Tracing
 from turnwire_server.engine.turn import TurnRun
@@ -122,6 +124,13 @@ class TurnEngine:
         #: The configured sub-agents (docs/subagents.md), set once they are built; a sub-agent's
         #: turn runs with its own middleware chain and tools.
         self.subagents: SubagentHomes | None = None
+        #: The conversations' lines: busy turns, places taken, concurrent-input strategies.
+        self.line = ConversationLine(
+            store,
+            settings,
+            self._turns,
+            lambda conversation_id, own_id: self._local_busy(conversation_id, own_id=own_id),
+        )
         self.budget_gate = BudgetGate(
             store,
             settings,
@@ -187,7 +196,7 @@ class TurnEngine:
         to the stream log and to ResumeTurn readers. ``queue_limit`` False admits past
         ``max_queued_turns_per_conversation`` (durably accepted work). ``recovery`` runs a
         recovery of a crashed turn whose stored stream ends at ``last_sequence_number``.
-        ``reserved``: a REJECT request whose place :meth:`reserve_if_idle` took already (the
+        ``reserved``: a REJECT request whose place ``line.reserve_if_idle`` took already (the
         caller checked before storing input of its own, such as tool results); the turn takes
         that place over, or gives it up when it is refused or never takes the lock.
 
@@ -195,7 +204,7 @@ class TurnEngine:
         events: its caller may already be retrying (after an abort) or reusing the id, so this
         waits for it to finish and lets the store decide (``TurnAlreadyExists`` or a retry).
         The request's concurrent-input strategy applies when the conversation has a turn running
-        or queued (:meth:`_apply_strategy`): ``reject`` raises
+        or queued (:meth:`.ConversationLine.apply_strategy`): ``reject`` raises
         :class:`~turnwire_server.engine.errors.TurnInProgress`; ``interrupt`` and ``rollback``
         stop the running turn and put this one first in line.
         A new turn on a conversation whose budget or tenant's budget is exhausted is refused
@@ -221,9 +230,9 @@ class TurnEngine:
             self._admit(request, parent_request_id, queue_limit=queue_limit)
             # A submission's strategy applies only when started at acceptance (Submissions.submit).
             if recovery is None and (request.entry != "submission" or request.concurrent_input is not None):
-                if not reserved:  # else its place was taken before its lock (see _apply_strategy)
+                if not reserved:  # else its place was taken before its lock (ConversationLine.apply_strategy)
                     try:
-                        concurrent_input, reserved = await self._apply_strategy(request)
+                        concurrent_input, reserved = await self.line.apply_strategy(request)
                     except TurnInProgress:
                         if in_admission:  # a spent budget refuses first, as when checked before
                             await self.budget_gate.refuse_if_spent(request)
@@ -233,7 +242,7 @@ class TurnEngine:
                     self._admit(request, parent_request_id, queue_limit=queue_limit)
         except BaseException:
             if reserved:  # refused after all: the place it took goes
-                await self.release_place(request.conversation_id, request.request_id)
+                await self.line.release_place(request.conversation_id, request.request_id)
             raise
         channel: EventChannel[Any] = EventChannel(self.settings.limits.stream_buffer_events)
         if detached:
@@ -309,7 +318,7 @@ class TurnEngine:
                 if not acquired:
                     self._dequeue(conversation_id)
                     if reserved:  # the lock never took the place over: give it up
-                        await asyncio.shield(self._release_place(conversation_id, request.request_id))
+                        await self.line.release_place(conversation_id, request.request_id)
                 try:
                     # Resume readers find the turn here until its last events are stored.
                     await asyncio.shield(log.finish(ended=not run.left_running))
@@ -326,17 +335,6 @@ class TurnEngine:
             await self.budget_gate.checked(handle, run.budget_check)
         return handle
 
-    async def busy_turn(self, conversation_id: str, *, own_id: str = "") -> str | None:
-        """The request id of a turn running or queued on ``conversation_id`` (the one holding its
-        lock when known), here or, through the store, on another replica or as a pending
-        submission; None when the conversation is idle. ``own_id`` (a submission whose place is
-        already reserved) heading the line counts as idle."""
-        local = self._local_busy(conversation_id, own_id=own_id)
-        if local is not None:
-            return local
-        head = await self.store.queue_head(conversation_id)
-        return None if head == own_id and own_id else head
-
     def _local_busy(self, conversation_id: str, *, own_id: str) -> str | None:
         """The request id of a turn admitted here on ``conversation_id`` and not ended (the one
         holding the lock first), other than ``own_id``; None when there is none."""
@@ -349,90 +347,6 @@ class TurnEngine:
             if handle.run.holds_lock:
                 return handle.request_id
         return local[0].request_id if local else None
-
-    async def _apply_strategy(self, request: TurnRequest) -> tuple[ConcurrentInput, bool]:
-        """Apply the request's concurrent-input strategy (docs/semantics.md §5, new input while a
-        turn runs); returns what ``before_turn`` is told and whether the turn's place in line was
-        taken already (``Store.reserve_place``: its lock holds from there, or the place is given
-        up when the turn ends without it).
-
-        ``enqueue`` does nothing here. ``reject`` is refused (:class:`TurnInProgress`, naming the
-        turn) when a turn is admitted here and not ended, else the store takes its place only if
-        the conversation is idle, in one step (with PostgreSQL one transaction under the queue's
-        lock, so two replicas admitting at once never both see it idle: whichever commits second
-        sees the first). ``interrupt`` and ``rollback`` look for a turn running or queued (here
-        first, then in the store, which sees the other replicas' turns with PostgreSQL); on a
-        busy conversation they take a place first in line *before* stopping the turn holding the
-        lock (here, or on its replica through the store), so they run next, ahead of the turns
-        already queued, once the stopped turn has stored or removed what it wrote. Turns only
-        queued are left alone.
-        """
-        strategy = request.concurrent_input or self.settings.limits.concurrent_input
-        if strategy == "enqueue":
-            return ConcurrentInput("enqueue"), False
-        conversation_id = request.conversation_id
-        if strategy == "reject":
-            await self.reserve_if_idle(conversation_id, request.request_id)
-            return ConcurrentInput(strategy), True
-        head = await self.busy_turn(conversation_id, own_id=request.request_id)
-        if head is None:
-            return ConcurrentInput(strategy), False
-        await self.store.reserve_place(
-            conversation_id,
-            request.request_id,
-            owner=self.settings.replica_id,
-            lease_seconds=self.settings.durability.lease_seconds,
-            first=True,
-        )
-        stop = StoppedByInput(request.request_id, rollback=strategy == "rollback")
-        local = [h for h in self._turns.values() if h.conversation_id == conversation_id and not h.run.ended]
-        for handle in local:
-            if handle.run.holds_lock:
-                handle.run.cancel(stop)
-                return ConcurrentInput(strategy, handle.request_id), True
-        holder = await self.store.queue_head(conversation_id)
-        if holder is not None and holder != request.request_id and self._turns.get(holder) is None:
-            # Held on another replica: its turn is stopped there (serve_cancel_requests).
-            await self.store.request_cancel(holder, stop=_stop_reason(stop))
-            return ConcurrentInput(strategy, holder), True
-        return ConcurrentInput(strategy), True
-
-    async def reserve_if_idle(self, conversation_id: str, request_id: str) -> None:
-        """REJECT's admission (docs/semantics.md §5): take ``request_id``'s place in the
-        conversation's line only when no turn is admitted here and not ended and, in the store,
-        none holds, waits for or reserved the lock (``Store.reserve_place(only_if_idle=True)``:
-        one step, so of two replicas admitting at once the one that commits second sees the
-        first). Raises :class:`TurnInProgress` naming the turn found (nothing taken), and
-        :class:`RequestIdInUse` when a turn runs here under ``request_id``. The turn
-        started with ``reserved=True`` takes the place over; a caller that starts none gives it
-        up with :meth:`release_place`."""
-        if request_id in self._turns:
-            raise RequestIdInUse(request_id)
-        # No await between the local check and the store's: one step for this process.
-        head = self._local_busy(conversation_id, own_id="")
-        if head is None:
-            head = await self.store.reserve_place(
-                conversation_id,
-                request_id,
-                owner=self.settings.replica_id,
-                lease_seconds=self.settings.durability.lease_seconds,
-                only_if_idle=True,
-            )
-        if head is not None:
-            raise TurnInProgress(conversation_id, head)
-
-    async def release_place(self, conversation_id: str, request_id: str) -> None:
-        """Give up a place :meth:`reserve_if_idle` took for a turn that is not started after all
-        (never raises: a failure is logged)."""
-        await asyncio.shield(self._release_place(conversation_id, request_id))
-
-    async def _release_place(self, conversation_id: str, request_id: str) -> None:
-        """``Store.release_place``, logged instead of raised (a turn ending must not fail on it;
-        the store retries a release the database did not take)."""
-        try:
-            await self.store.release_place(conversation_id, request_id)
-        except StoreError as error:
-            log.error("giving up the place in line of %s failed: %s", request_id, error)
 
     def _dequeue(self, conversation_id: str) -> None:
         metrics.QUEUED_TURNS.dec()
@@ -476,7 +390,7 @@ class TurnEngine:
         cancelled; a store served by one process sends none)."""
         async for request_id, reason in self.store.cancel_requests():
             handle = self._turns.get(request_id)
-            stop = _stop_of(reason)
+            stop = stop_of(reason)
             if handle is not None and handle.run.cancel(stop, cause=None if stop else "cancel_request"):
                 log.info("turn %s cancelled at another replica's request", request_id)
 
@@ -529,51 +443,10 @@ class TurnEngine:
         return ended
 
     async def drain(self, grace_seconds: float, cut_short: asyncio.Event | None = None) -> None:
-        """Stop admitting; let running turns finish for ``grace_seconds`` (or until ``cut_short``
-        is set: an operator's second Ctrl-C), then cancel the rest (they store their partial
-        replies) and wait for them to end. A turn that runs without its caller (disconnect
-        policy CONTINUE, a submission, a recovery) is not cancelled but stopped with
-        :class:`ServerStopping`: its partial reply is stored and it stays running in the store,
-        so the next start recovers it."""
+        """Stop admitting, then stop the turns running (:func:`~.shutdown.stop_turns`: they get
+        ``grace_seconds``, or until ``cut_short`` is set, to finish)."""
         self._accepting = False
-        handles = {h.task: h for h in self._turns.values()}
-        if not handles:
-            return
-        began = time.monotonic()
-        # Either every turn ends, the grace runs out, or the operator cuts it short.
-        all_ended = asyncio.ensure_future(asyncio.wait(handles))
-        race: set[asyncio.Future[Any]] = {all_ended}
-        if cut_short is not None:
-            race.add(asyncio.ensure_future(cut_short.wait()))
-        try:
-            await asyncio.wait(race, timeout=grace_seconds, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in race:
-                waiter.cancel()  # asyncio.wait's own cancel leaves the turn tasks running
-        pending = {task for task in handles if not task.done()}
-        # The time they really had: a second signal may have cut the grace short.
-        why = (
-            "a second signal cut the grace short"
-            if cut_short is not None and cut_short.is_set()
-            else f"the {grace_seconds:g} s grace ran out"
-        )
-        for task in pending:
-            handle = handles[task]
-            run = handle.run
-            if (run.request.disconnect == "continue" and run.messages_persisted) or handle.detached:
-                # No caller waits: a started turn is recovered at the next start, a submission
-                # that has not started runs then (its watchers are told why it stopped).
-                run.cancel(ServerStopping())
-            else:
-                handle.cancel(CancelledByShutdown(f"shutdown: {why}"))
-        if pending:
-            log.warning(
-                "shutdown: cancelled %d turn(s) still running after %.1f s (%s)",
-                len(pending),
-                time.monotonic() - began,
-                why,
-            )
-            await asyncio.wait(pending)
+        await stop_turns(list(self._turns.values()), grace_seconds, cut_short)
 
     async def recover(self, *, resume: bool = True) -> int:
         """After a crash: claim and recover the turns whose process died (docs/semantics.md §8).
@@ -644,16 +517,3 @@ class TurnEngine:
         await self.start(
             request, detached=True, queue_limit=False, recovery=recovery, last_sequence_number=last_sequence
         )
-
-
-def _stop_reason(stop: StoppedByInput) -> str:
-    """``stop`` as the reason a cancel request carries to another replica (``Store.request_cancel``)."""
-    return f"{'rollback' if stop.rollback else 'interrupt'}:{stop.interrupting_request_id}"
-
-
-def _stop_of(reason: str) -> StoppedByInput | None:
-    """The stop a cancel request's reason names (None: a plain cancel, ``CancelChat``)."""
-    kind, _, request_id = reason.partition(":")
-    if kind in ("interrupt", "rollback") and request_id:
-        return StoppedByInput(request_id, rollback=kind == "rollback")
-    return None

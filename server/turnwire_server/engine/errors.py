@@ -309,6 +309,22 @@ class CancelledByShutdown(DomainError):
         )
 
 
+class Cancelled(DomainError):
+    """A plain cancel stopped the turn after its input was stored: it ends ABORTED with its partial
+    reply stored, and its TurnEnd and stored turn say who asked (``cause``, ErrorInfo metadata
+    ``cancel_cause``: :data:`~turnwire_server.engine.turn_base.CancelCause`)."""
+
+    error_reason = reasons.ERROR_REASON_CANCELLED
+    status_code = CanonicalCode.CANCELLED
+
+    def __init__(self, cause: str, who: str) -> None:
+        super().__init__(f"the turn was cancelled: {who}; its partial reply is stored")
+        self.cause = cause
+
+    def details(self) -> ErrorDetails:
+        return ErrorDetails(metadata={"cancel_cause": self.cause})
+
+
 class SubmissionExpired(DomainError):
     """A submission waited pending longer than ``durability.pending_expiry_seconds``."""
 

@@ -60,10 +60,11 @@ CancelCause = Literal["cancel_request", "caller_left"]
 ``CancelSubmission``) on any replica; ``caller_left``, its call ended first (the client cancelled
 it, hung up or hit its deadline) under the disconnect policy ``CANCEL``."""
 
-_CANCEL_CAUSES: dict[CancelCause, str] = {
+CANCEL_CAUSES: dict[CancelCause, str] = {
     "cancel_request": "CancelChat or CancelSubmission",
     "caller_left": "its caller left (cancelled its call, hung up or hit its deadline; disconnect CANCEL)",
 }
+"""Who a :data:`CancelCause` names, in words (the log line, the TurnEnd's error message)."""
 
 BudgetCheck = BudgetRefused | Literal["admitted", "waiting"]
 """How a new turn's budget check riding its admission came out (:attr:`TurnRunBase.budget_check`)."""
@@ -311,7 +312,7 @@ class TurnRunBase:
         elif cause is not None:
             self.cancel_cause = cause
             ids = {"conversation_id": self.request.conversation_id, "request_id": self.request.request_id}
-            log.info("turn %s cancelled: %s", self.request.request_id, _CANCEL_CAUSES[cause], extra=ids)
+            log.info("turn %s cancelled: %s", self.request.request_id, CANCEL_CAUSES[cause], extra=ids)
         self._stop = stop
         self.state.cancelled.set()
         if self._phase not in _DEFERRED and not self._ends_in_line() and self._task is not None:

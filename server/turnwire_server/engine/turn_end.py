@@ -29,6 +29,7 @@ from turnwire.hooks import (
 from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.engine import metrics
 from turnwire_server.engine.errors import (
+    Cancelled,
     CancelledByShutdown,
     ConversationDeleted,
     ServerStopping,
@@ -39,7 +40,7 @@ from turnwire_server.engine.errors import (
 )
 from turnwire_server.engine.store_outage import until_stored
 from turnwire_server.engine.stream_log import StreamTail
-from turnwire_server.engine.turn_base import TurnRunBase, root_error
+from turnwire_server.engine.turn_base import CANCEL_CAUSES, TurnRunBase, root_error
 from turnwire_server.hooks.chain import HookError
 from turnwire_server.store.errors import LeaseLost, TurnNotFound
 
@@ -85,6 +86,9 @@ class TurnEnding(TurnRunBase):
             self.status_error = self._error_status(stop, "stream")
         else:
             self.outcome = "aborted"
+            if self.cancel_cause:  # who asked, for ListTurns and the TurnEnd (stop is None here)
+                cancelled = Cancelled(self.cancel_cause, CANCEL_CAUSES[self.cancel_cause])
+                self.status_error = self._error_status(cancelled, "stream")
 
     async def _left_for_recovery(self) -> None:
         """A recovery that stopped before it ran (its turn lock failed or was cancelled): its turn

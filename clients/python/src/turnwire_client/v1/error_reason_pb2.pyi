@@ -155,6 +155,13 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """CreateSchedule named a schedule id already in use. ErrorInfo metadata
     `schedule_id`.
     """
+    ERROR_REASON_CANCELLED: _ErrorReason.ValueType  # 42
+    """The turn was cancelled after its input was stored (TURN_STATUS_ABORTED, its
+    partial reply stored). ErrorInfo metadata `cancel_cause` says who:
+    `cancel_request` (CancelChat or CancelSubmission, on any replica) or
+    `caller_left` (its call ended first: the client cancelled it, hung up or
+    reached its deadline, under DISCONNECT_POLICY_CANCEL).
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """ErrorReason lists the `google.rpc.ErrorInfo.reason` values Turnwire sends,
@@ -294,5 +301,12 @@ ERROR_REASON_SCHEDULE_NOT_FOUND: ErrorReason.ValueType  # 40
 ERROR_REASON_SCHEDULE_EXISTS: ErrorReason.ValueType  # 41
 """CreateSchedule named a schedule id already in use. ErrorInfo metadata
 `schedule_id`.
+"""
+ERROR_REASON_CANCELLED: ErrorReason.ValueType  # 42
+"""The turn was cancelled after its input was stored (TURN_STATUS_ABORTED, its
+partial reply stored). ErrorInfo metadata `cancel_cause` says who:
+`cancel_request` (CancelChat or CancelSubmission, on any replica) or
+`caller_left` (its call ended first: the client cancelled it, hung up or
+reached its deadline, under DISCONNECT_POLICY_CANCEL).
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
