@@ -11,12 +11,19 @@ from typing import Any
 
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
+from openai.types.responses.response_output_item import McpApprovalRequest
 from pydantic import TypeAdapter
 from support.event_logs import RESTARTED_STEP, SERVER_TOOL_TURN, turn_events
 
-from turnwire_client.v1 import message_pb2
-from turnwire_server.http.openai_request import RequestProblem, parse_request, referenced_response, turn_input
-from turnwire_server.http.openai_response_log import ResponseLog
+from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
+from turnwire_server.http.openai_request import (
+    ApprovalAnswer,
+    RequestProblem,
+    parse_request,
+    referenced_response,
+    turn_input,
+)
+from turnwire_server.http.openai_response_log import ResponseLog, stored_events, stored_log
 
 EVENT = TypeAdapter(ResponseStreamEvent)
 
@@ -200,3 +207,95 @@ def test_a_history_of_item_references_continues_the_response_of_the_last() -> No
     assert referenced_response(parse_request(named)) is None
     foreign = b'{"input": [{"type": "item_reference", "id": "msg_abc"}, {"role": "user", "content": "x"}]}'
     assert referenced_response(parse_request(foreign)) is None
+
+
+APPROVAL_TURN: list[dict[str, Any]] = [
+    {"turn_start": {"message_id": "tw-a-r1", "model": "scripted:x"}},
+    {"text_start": {"id": "t"}},
+    {"text_delta": {"id": "t", "delta": "Let me look."}},
+    {"text_end": {"id": "t"}},
+    {"tool_input_start": {"tool_call_id": "c1", "tool_name": "get_weather"}},
+    {"tool_input_delta": {"tool_call_id": "c1", "input_text_delta": '{"city":"Paris"}'}},
+    {
+        "tool_input_available": {
+            "tool_call_id": "c1",
+            "tool_name": "get_weather",
+            "input_json": '{"city":"Paris"}',
+        }
+    },
+    {"tool_approval_request": {"tool_call_id": "c1", "approval_id": "tw-ap-1", "tool_name": "get_weather"}},
+    {"step_finish": {"finish_reason": "FINISH_REASON_TOOL_CALLS"}},
+    {"turn_end": {"status": "TURN_STATUS_COMPLETED"}},
+]
+
+
+def test_a_call_waiting_for_approval_is_an_mcp_approval_request() -> None:
+    """A call of the sidecar's own tools waiting for the user's approval is OpenAI's
+    ``mcp_approval_request`` (its ``id`` the approval's, to answer with ``mcp_approval_response``).
+    Before, it was a ``function_call``: a client tool's call, which an OpenAI client runs itself
+    (or fails on, having no such tool) and answers with a ``function_call_output`` the sidecar
+    refuses."""
+    events, log = translate(APPROVAL_TURN)
+    for event in events:
+        EVENT.validate_python(event)
+    response = Response.model_validate(log.snapshot())
+    assert [item.type for item in response.output] == ["message", "mcp_approval_request"]
+    request = McpApprovalRequest.model_validate(log.response["output"][1])
+    assert (request.id, request.server_label, request.name) == ("tw-ap-1", "turnwire", "get_weather")
+    assert request.arguments == '{"city":"Paris"}'
+    assert "status" not in log.response["output"][1]  # OpenAI's item has none
+    kinds = [e["type"] for e in events if e.get("item", {}).get("type") == "mcp_approval_request"]
+    assert kinds == ["response.output_item.added", "response.output_item.done"]
+    assert response.status == "completed"
+
+
+def test_a_stored_turn_shows_its_approval_request_as_when_it_ended() -> None:
+    """Past the event retention a response is made from its stored reply, where the call has
+    since been approved and run (or denied): it still reads as the approval request it ended on."""
+    reply = message_pb2.Message(id="tw-a-r1", role=message_pb2.ROLE_ASSISTANT)
+    reply.parts.add().text.text = "Let me look."
+    call = reply.parts.add().tool_call
+    call.tool_call_id, call.tool_name, call.input_json = "c1", "get_weather", '{"city":"Paris"}'
+    call.approval.id, call.approval.approved = "tw-ap-1", True
+    call.state, call.output_json = message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE, '{"sky":"clear"}'
+    turn = chat_service_pb2.Turn(request_id="r1", conversation_id="c", status=event_pb2.TURN_STATUS_COMPLETED)
+    log = stored_log(turn)
+    for event in stored_events(turn, reply):
+        log.feed(event)
+    response = Response.model_validate(log.snapshot())
+    assert [item.type for item in response.output] == ["message", "mcp_approval_request"]
+    assert McpApprovalRequest.model_validate(log.response["output"][1]).id == "tw-ap-1"
+
+
+def test_mcp_approval_response_items_are_approval_answers() -> None:
+    turn = turn_input(
+        parse_request(
+            b'{"previous_response_id": "resp-a", "input": [{"type": "mcp_approval_response",'
+            b' "approval_request_id": "tw-ap-1", "approve": false, "reason": "not now"},'
+            b' {"type": "mcp_approval_response", "approval_request_id": "tw-ap-2", "approve": true}]}'
+        )
+    )
+    assert turn.approvals == [
+        ApprovalAnswer("tw-ap-1", False, "not now", "input[0]"),
+        ApprovalAnswer("tw-ap-2", True, "", "input[1]"),
+    ]
+    assert not turn.messages and not turn.results
+    assert turn.params["approvals[1]"] == "input[1]"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b'{"input": [{"type": "mcp_approval_response", "approve": true}]}', "input[0].approval_request_id"),
+        (b'{"input": [{"type": "mcp_approval_response", "approval_request_id": "a"}]}', "input[0].approve"),
+        (
+            b'{"input": [{"type": "mcp_approval_response", "approval_request_id": "a", "approve": true},'
+            b' {"role": "user", "content": "x"}]}',
+            "input",
+        ),
+    ],
+)
+def test_a_bad_approval_answer_names_its_param(body: bytes, param: str) -> None:
+    with pytest.raises(RequestProblem) as refused:
+        turn_input(parse_request(body))
+    assert refused.value.param == param

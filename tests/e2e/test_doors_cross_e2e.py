@@ -88,8 +88,14 @@ async def test_an_ag_ui_run_is_cancelled_over_openai_and_read_at_every_door(
                 seen.append(event)
                 if event["type"] == "TEXT_MESSAGE_CONTENT":
                     break  # streaming: now stop it from another door
-            cancelled = await oa.responses.cancel("x-run-1")
-            assert cancelled.status == "cancelled"
+            # A foreground run: the OpenAI door does not cancel it (as OpenAI refuses to);
+            # Connect, on the same port, does.
+            with pytest.raises(openai.BadRequestError):
+                await oa.responses.cancel("x-run-1")
+            cancel = await http.post(
+                f"{url}/turnwire.v1.ChatService/CancelChat", headers=HEADERS, json={"requestId": "x-run-1"}
+            )
+            assert cancel.status_code == 200, cancel.text
             seen.extend([event async for event in events])
         streamed = "".join(e["delta"] for e in seen if e["type"] == "TEXT_MESSAGE_CONTENT")
         assert seen[-1]["type"] in ("RUN_FINISHED", "RUN_ERROR"), seen[-1]

@@ -250,12 +250,12 @@ async def test_a_queued_background_response_is_cancelled(
     cancelled = await client.responses.cancel(queued.id)
     assert cancelled.status == "cancelled"
     assert (await client.responses.retrieve(queued.id)).status == "cancelled"
-    await client.responses.cancel("oa-queue-r")
+    await grpc_a.cancel_chat("oa-queue-r")  # a foreground turn: not cancelled over this door
     async for _ in running:
         pass
 
 
-async def test_a_grpc_turn_is_read_and_cancelled_over_this_door(
+async def test_a_grpc_turn_is_read_over_this_door_and_its_cancel_seen(
     client: openai.AsyncOpenAI, grpc_a: TurnwireClient
 ) -> None:
     turn = grpc_a.chat("oa-cross", "go", model="scripted:slow", request_id="oa-cross-r")
@@ -265,8 +265,10 @@ async def test_a_grpc_turn_is_read_and_cancelled_over_this_door(
     async for event in stream:
         seen.append(checked(event))
         if sum(e["type"] == "response.output_text.delta" for e in seen) == 3:
-            cancelled = await client.responses.cancel("oa-cross-r")
-            assert cancelled.status == "cancelled"
+            # A foreground response: this door does not cancel it, as OpenAI does not.
+            with pytest.raises(openai.BadRequestError):
+                await client.responses.cancel("oa-cross-r")
+            assert await grpc_a.cancel_chat("oa-cross-r")
     assert seen[-1]["type"] == "response.incomplete" and seen[-1]["response"]["status"] == "cancelled"
     async for _ in turn:
         pass
@@ -369,7 +371,8 @@ async def test_a_response_past_the_event_retention_is_read_from_the_stored_conve
             and "event_retention_seconds" in numbered.value.body["message"]
         )
 
-        assert (await client.responses.cancel(echo.id)).status == "completed"
+        with pytest.raises(openai.BadRequestError):  # a foreground response, as OpenAI refuses it
+            await client.responses.cancel(echo.id)
         assert (await client.responses.retrieve(background.id)).output_text == "answered over the OpenAI door"
         assert (await client.responses.retrieve(completion.id)).output_text == "You are in Paris."
 

@@ -10,7 +10,7 @@ sequenced event log translated by :class:`~turnwire_server.http.ag_ui_events.Run
 A translator at the edge, like the OpenAI door: every call goes through
 :class:`~turnwire_server.http.calls.InProcessCalls` (authentication by the ``Authorization:
 Bearer`` header, tenants, limits, metrics, traces), with the OpenAI door's helpers
-(:func:`~turnwire_server.http.openai_door.call_info`, ``read_body``, ``struct_of``).
+(:func:`~turnwire_server.http.door_requests.call_info`, ``read_body``, ``struct_of``).
 
 - **Encoding.** Server-sent events, each ``data: <event JSON>`` (AG-UI's ``EventEncoder``). An
   ``Accept`` header that admits neither ``text/event-stream`` nor ``*/*`` (only AG-UI's protobuf
@@ -46,8 +46,8 @@ from turnwire_client.v1 import chat_service_pb2
 from turnwire_server.http.ag_ui_events import RunLog
 from turnwire_server.http.ag_ui_request import RunInput, parse_run_input, run_input
 from turnwire_server.http.calls import CallEnded, DoorCallInfo, InProcessCalls
+from turnwire_server.http.door_requests import UNSERVED_METHODS, call_info, read_body, struct_of
 from turnwire_server.http.openai_chat import data_lines
-from turnwire_server.http.openai_door import call_info, read_body, struct_of
 from turnwire_server.http.openai_errors import ended_error
 from turnwire_server.http.openai_request import RequestProblem
 from turnwire_server.http.openai_response_log import stored_events
@@ -97,6 +97,18 @@ def accepts_sse(accept: str | None) -> bool:
     return False
 
 
+async def unserved(request: Request) -> Response:
+    """404 for a path or method under ``/v1/ag-ui`` this door does not serve, as AG-UI's
+    ``RUN_ERROR`` (code ``unknown_url``), which ``HttpAgent`` raises with its message, naming
+    the route served; not the OpenAI door's error body."""
+    return run_error_response(
+        404,
+        f"{request.method} {request.url.path} is not served by this sidecar; its AG-UI door serves "
+        f"POST {PATH} (HttpAgent's url; docs/api/ag-ui.md)",
+        "unknown_url",
+    )
+
+
 class AgUiDoor:
     """``POST /v1/ag-ui`` over ``calls`` (see the module docstring); bodies up to ``read_max_bytes``."""
 
@@ -108,7 +120,12 @@ class AgUiDoor:
 
     def routes(self) -> list[Route]:
         """The door's Starlette routes."""
-        return [Route(PATH, self.run, methods=["POST"])]
+        return [
+            Route(PATH, self.run, methods=["POST"]),
+            # Last: any other path or method under the door's path, in AG-UI's error shape.
+            Route(PATH, unserved, methods=UNSERVED_METHODS),
+            Route(PATH + "/{path:path}", unserved, methods=UNSERVED_METHODS),
+        ]
 
     async def run(self, request: Request) -> Response:
         """``POST /v1/ag-ui``: the run's AG-UI events over SSE, or a ``RUN_ERROR`` answer."""
@@ -233,4 +250,4 @@ def _ended_response(ended: CallEnded) -> Response:
     return run_error_response(status, body["message"], body["code"], headers=retry_headers(ended))
 
 
-__all__ = ["PATH", "AgUiDoor", "accepts_sse", "ended_run_error", "run_error_response"]
+__all__ = ["PATH", "AgUiDoor", "accepts_sse", "ended_run_error", "run_error_response", "unserved"]

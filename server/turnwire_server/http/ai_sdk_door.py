@@ -39,8 +39,8 @@ from turnwire_client.v1 import chat_service_pb2, event_pb2
 from turnwire_server.http.ai_sdk_chunks import UIMessageStream
 from turnwire_server.http.ai_sdk_request import ChatTurn, parse_body, turn_input
 from turnwire_server.http.calls import CallEnded, DoorCallInfo, InProcessCalls
+from turnwire_server.http.door_requests import UNSERVED_METHODS, call_info, read_body, struct_of
 from turnwire_server.http.openai_chat import data_lines
-from turnwire_server.http.openai_door import call_info, read_body, struct_of
 from turnwire_server.http.openai_errors import ended_error
 from turnwire_server.http.openai_request import RequestProblem
 from turnwire_server.http.retry_headers import retry_headers
@@ -61,6 +61,18 @@ def refused(ended: CallEnded) -> Response:
     return PlainTextResponse(body["error"]["message"], status_code=status, headers=retry_headers(ended))
 
 
+async def unserved(request: Request) -> Response:
+    """404 for a path or method under ``/v1/ai-sdk`` this door does not serve, in the door's own
+    error shape (the message as plain text, which the AI SDK's transport raises as the ``Error``
+    the chat holds), naming what it serves; not the OpenAI door's JSON error body."""
+    return PlainTextResponse(
+        f"{request.method} {request.url.path} is not served by this sidecar; its AI SDK door serves "
+        "POST /v1/ai-sdk/chat (the transport's api) and GET /v1/ai-sdk/chat/{id}/stream "
+        "(docs/api/ai-sdk.md)",
+        status_code=404,
+    )
+
+
 class AiSdkDoor:
     """The AI SDK routes over ``calls`` (see the module docstring); bodies up to ``read_max_bytes``."""
 
@@ -76,6 +88,9 @@ class AiSdkDoor:
         return [
             Route("/v1/ai-sdk/chat", self.send, methods=["POST"]),
             Route("/v1/ai-sdk/chat/{chat_id}/stream", self.reconnect, methods=["GET"]),
+            # Last: any other path or method under the door's prefix, in the door's error shape.
+            Route("/v1/ai-sdk", unserved, methods=UNSERVED_METHODS),
+            Route("/v1/ai-sdk/{path:path}", unserved, methods=UNSERVED_METHODS),
         ]
 
     async def send(self, request: Request) -> Response:
@@ -199,4 +214,4 @@ class AiSdkDoor:
             await events.aclose()  # type: ignore[attr-defined]
 
 
-__all__ = ["HEADERS", "AiSdkDoor", "refused"]
+__all__ = ["HEADERS", "AiSdkDoor", "refused", "unserved"]

@@ -31,6 +31,7 @@ from turnwire_server.http.ag_ui_door import AgUiDoor
 from turnwire_server.http.ai_sdk_door import AiSdkDoor
 from turnwire_server.http.calls import CallEnded, DoorCallInfo, InProcessCalls, metadata_of
 from turnwire_server.http.connect_door import ConnectDoor, endpoints_of
+from turnwire_server.http.door_requests import UNSERVED_METHODS
 from turnwire_server.http.inspector_door import inspector_routes
 from turnwire_server.http.openai_chat import ChatCompletionsDoor
 from turnwire_server.http.openai_door import ResponsesDoor
@@ -119,8 +120,10 @@ def openai_unserved_door(context: DoorContext) -> Door:
     """The last door: any other ``/v1/`` path or method answers OpenAI's 404 error body, which the
     OpenAI SDKs raise as ``NotFoundError`` with its message (``client.models.list()``,
     ``responses.input_items.list`` …), rather than a plain-text ``Not Found`` they show as
-    ``Error code: 404``. Matched last, so every door's own routes come first."""
-    return Door("", [Route("/v1/{path:path}", _unserved, methods=["GET", "POST", "PUT", "PATCH", "DELETE"])])
+    ``Error code: 404``. Matched last, so every door's own routes come first, the catch-alls of
+    the AI SDK and AG-UI doors included (``/v1/ai-sdk/…``, ``/v1/ag-ui/…``: each in its own
+    door's error shape)."""
+    return Door("", [Route("/v1/{path:path}", _unserved, methods=UNSERVED_METHODS)])
 
 
 def ag_ui_door(context: DoorContext) -> Door:

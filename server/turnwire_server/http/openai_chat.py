@@ -31,7 +31,7 @@ from starlette.routing import Route
 
 from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 from turnwire_server.http.calls import CallEnded, DoorCallInfo, InProcessCalls
-from turnwire_server.http.openai_door import call_info, json_response, keyed_id, read_body, struct_of
+from turnwire_server.http.door_requests import call_info, json_response, keyed_id, read_body, struct_of
 from turnwire_server.http.openai_errors import bad_request, ended_error, ended_response
 from turnwire_server.http.openai_request import RequestProblem, check_nesting, item_params
 

@@ -2,14 +2,16 @@
 
 Routes (issue 36):
 
-- ``POST /v1/responses``: a turn (``Chat``, ``SaveMessages``, or ``SubmitToolResults`` for
-  ``function_call_output`` items), streamed as OpenAI's server-sent events (``stream: true``) or
+- ``POST /v1/responses``: a turn (``Chat``, ``SaveMessages``, ``SubmitToolResults`` for
+  ``function_call_output`` items, or ``SubmitToolApprovals`` for ``mcp_approval_response`` items:
+  :mod:`turnwire_server.http.openai_approvals`), streamed as OpenAI's server-sent events (``stream: true``) or
   answered as one Response object; ``background: true`` is a submission (``SubmitMessages``,
   streamed with ``WatchSubmission``).
 - ``GET /v1/responses/{id}``: the response of turn ``id`` (``ResumeTurn`` from the start; it
   waits for the turn to end, a long poll; a submission not yet started answers ``queued``);
   ``?stream=true&starting_after=N`` streams its events after sequence number ``N``.
-- ``POST /v1/responses/{id}/cancel``: ``CancelSubmission`` or ``CancelChat``, then the Response.
+- ``POST /v1/responses/{id}/cancel``: ``CancelSubmission`` of a background response, then the
+  Response; a foreground one is refused, as OpenAI refuses it.
 
 A translator at the edge: every call goes through
 :class:`~turnwire_server.http.calls.InProcessCalls` (the gRPC server's interceptors and
@@ -24,25 +26,23 @@ response there; an older one continues a fork of that conversation made at that 
 
 from __future__ import annotations
 
-import hashlib
-import logging
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import orjson
-from google.protobuf import struct_pb2
 from google.protobuf.message import Message
 from sse_starlette import EventSourceResponse
 from sse_starlette.sse import AppStatus
-from starlette.requests import ClientDisconnect, Request
-from starlette.responses import PlainTextResponse, Response
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import Route
 
 from turnwire_client.v1 import chat_service_pb2, message_pb2
-from turnwire_server.api.rpc_logging import Throttled
 from turnwire_server.engine.ids import assistant_message_id
-from turnwire_server.http.calls import CallEnded, DoorCallInfo, InProcessCalls, metadata_of
+from turnwire_server.http.calls import CallEnded, DoorCallInfo, InProcessCalls
+from turnwire_server.http.door_requests import call_info, json_response, keyed_id, read_body, struct_of
+from turnwire_server.http.openai_approvals import tool_approvals
 from turnwire_server.http.openai_errors import bad_request, ended_error, ended_response, error_response
 from turnwire_server.http.openai_request import (
     RequestProblem,
@@ -60,77 +60,6 @@ _PARAMS = {"conversation_id": "conversation", "client_tools": "tools", "request_
 
 _SUBMISSION_QUEUED = chat_service_pb2.SUBMISSION_STATE_PENDING
 _SUBMISSION_ABORTED = chat_service_pb2.SUBMISSION_STATE_ABORTED
-
-
-def call_info(request: Request) -> DoorCallInfo:
-    """The :class:`DoorCallInfo` of an HTTP request: its headers as metadata, its peer."""
-    client = request.client
-    peer = f"ipv4:{client.host}:{client.port}" if client else "unknown"
-    return DoorCallInfo(metadata_of(request.headers.items()), peer)
-
-
-log = logging.getLogger("turnwire.http")
-
-_left_mid_body = Throttled(log, logging.INFO)
-"""Callers that close the connection before their whole body: one INFO line per 10 s, the rest
-at DEBUG (a caller can do it at will, so never a traceback and never a line each)."""
-
-
-def _too_large(message: str) -> Response:
-    return error_response(413, message, "invalid_request_error", None, "request_too_large")
-
-
-async def read_body(
-    request: Request,
-    limit: int,
-    calls: InProcessCalls,
-    *,
-    too_large: Callable[[str], Response] = _too_large,
-    refused: Callable[[CallEnded], Response] = ended_response,
-) -> bytes | Response:
-    """The request's body, or once it passes ``limit`` bytes (read no further) the 413 answer
-    ``too_large`` makes of a message saying so (OpenAI's error body unless given).
-
-    The caller's token is checked first (:meth:`InProcessCalls.refusal`, as for a ``Chat``): a
-    request it does not admit is answered what ``refused`` makes of the refusal (OpenAI's error
-    body unless given) with none of its body read, so a caller without a valid token costs no
-    more than its headers, as over gRPC (docs/operate/authentication.md)."""
-    ended = await calls.refusal(_SERVICE + "Chat", call_info(request))
-    if ended is not None:
-        return refused(ended)
-    chunks: list[bytes] = []
-    size = 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                return too_large(
-                    f"the body is larger than the sidecar takes ({limit} bytes, "
-                    "limits.max_receive_message_bytes)"
-                )
-            chunks.append(chunk)
-    except ClientDisconnect:
-        # The caller left mid-body: nothing to answer, and nothing for the operator to fix.
-        _left_mid_body.event(
-            "%s %s: the client closed the connection after %d bytes of its body; nothing was run",
-            request.method,
-            request.url.path,
-            size,
-        )
-        return PlainTextResponse("the client closed the connection before its whole body\n", status_code=400)
-    return b"".join(chunks)
-
-
-def json_response(value: Any) -> Response:
-    """200 with ``value`` as JSON."""
-    return Response(orjson.dumps(value), media_type="application/json")
-
-
-def struct_of(values: dict[str, Any]) -> struct_pb2.Struct:
-    """``values`` as a ``google.protobuf.Struct`` (a turn's ``body``)."""
-    struct = struct_pb2.Struct()
-    struct.update(values)
-    return struct
 
 
 class ResponsesDoor:
@@ -184,6 +113,12 @@ class ResponsesDoor:
                 "previous_response_id",
                 "mutually_exclusive",
             )
+        if turn.approvals and not (parsed.previous_response_id or parsed.conversation_id):
+            return bad_request(
+                "input: mcp_approval_response items answer the approval requests of a response: send "
+                "them with previous_response_id, that response's id",
+                "previous_response_id",
+            )
         conversation = parsed.conversation_id
         if parsed.previous_response_id:
             found = await self._continued_conversation(parsed.previous_response_id, call)
@@ -204,7 +139,15 @@ class ResponsesDoor:
                 stream=bool(parsed.stream),
                 submission_id=response_id,
             )
-        method, message = self._turn_request(conversation, response_id, parsed.model or "", turn)
+        approvals: list[chat_service_pb2.ToolApproval] = []
+        if turn.approvals:
+            answers = await tool_approvals(self.calls, conversation, turn.approvals, call)
+            if isinstance(answers, Response):
+                return answers
+            approvals = answers
+            if turn.results and (refused := await self._store_results(conversation, turn, call)):
+                return refused
+        method, message = self._turn_request(conversation, response_id, parsed.model or "", turn, approvals)
         events = self.calls.stream(_SERVICE + method, message, call)
         if key:
             try:
@@ -245,8 +188,27 @@ class ResponsesDoor:
             return False
         return True
 
+    async def _store_results(self, conversation: str, turn: TurnInput, call: DoorCallInfo) -> Response | None:
+        """Store ``turn.results`` without continuing (``SubmitToolResults``), for a request that
+        also answers approvals, which then continue the turn (as the AI SDK door does); the
+        refusal's answer, or None."""
+        stored = chat_service_pb2.SubmitToolResultsRequest(
+            conversation_id=conversation, results=turn.results, auto_continue=False
+        )
+        try:
+            async for _ in self.calls.stream(_SERVICE + "SubmitToolResults", stored, call):
+                pass
+        except CallEnded as ended:
+            return ended_response(ended, param_names=_PARAMS | turn.params)
+        return None
+
     def _turn_request(
-        self, conversation: str, response_id: str, model: str, turn: TurnInput
+        self,
+        conversation: str,
+        response_id: str,
+        model: str,
+        turn: TurnInput,
+        approvals: Sequence[chat_service_pb2.ToolApproval] = (),
     ) -> tuple[str, Message]:
         common: dict[str, Any] = {
             "conversation_id": conversation,
@@ -255,6 +217,10 @@ class ResponsesDoor:
             "client_tools": turn.client_tools,
             "body": struct_of(turn.body),
         }
+        if approvals:
+            return "SubmitToolApprovals", chat_service_pb2.SubmitToolApprovalsRequest(
+                approvals=approvals, auto_continue=True, **common
+            )
         if turn.results:
             return "SubmitToolResults", chat_service_pb2.SubmitToolResultsRequest(
                 results=turn.results, auto_continue=True, **common
@@ -274,10 +240,10 @@ class ResponsesDoor:
         stream: bool,
         submission_id: str,
     ) -> Response:
-        if turn.results:
+        if turn.results or turn.approvals:
             return bad_request(
-                "background: function_call_output items continue a response in the foreground; "
-                "send them without background",
+                "background: function_call_output and mcp_approval_response items continue a "
+                "response in the foreground; send them without background",
                 "background",
             )
         submit = chat_service_pb2.SubmitMessagesRequest(
@@ -512,17 +478,7 @@ class ResponsesDoor:
         except CallEnded:
             if stream or _events_expired(ended):
                 return ended_response(ended, param_names=_PARAMS)
-            status, body = ended_error(ended, param_names=_PARAMS)
-            return error_response(
-                status,
-                f"no response with id {response_id!r}: a response id is the id of a response this "
-                "door created (resp-<hex>, from POST /v1/responses) or the request id of a turn "
-                "started over gRPC, Connect or another door; a response whose conversation was "
-                "deleted is not found either",
-                body["error"]["type"],
-                body["error"]["param"],
-                body["error"]["code"],
-            )
+            return _no_such_response(response_id, ended)
         submission = found.submission  # type: ignore[attr-defined]
         log = ResponseLog(response_id, status="queued", echo={"background": True})
         log.response["conversation"] = {"id": submission.conversation_id}
@@ -536,8 +492,12 @@ class ResponsesDoor:
         )
 
     async def cancel(self, request: Request) -> Response:
-        """``POST /v1/responses/{id}/cancel``: the turn (or submission) is cancelled; answers
-        its Response once it has ended."""
+        """``POST /v1/responses/{id}/cancel``: a background response (a submission) is cancelled
+        and its Response answered once it has ended. A foreground response, running or ended, is
+        refused as OpenAI refuses it ("Only responses created with the background parameter set to
+        true can be cancelled", OpenAI's API reference): 400 ``invalid_request_error`` with
+        OpenAI's message, ``param`` and ``code`` null, and the turn left to run. An id no
+        response has: 404, as for a retrieve."""
         response_id = request.path_params["response_id"]
         call = call_info(request)
         try:
@@ -549,20 +509,44 @@ class ResponsesDoor:
         except CallEnded as ended:
             if ended.code.name != "NOT_FOUND":
                 return ended_response(ended, param_names=_PARAMS)
+            replay = self.calls.stream(
+                _SERVICE + "ResumeTurn", chat_service_pb2.ResumeTurnRequest(request_id=response_id), call
+            )
             try:
-                await self.calls.unary(
-                    _SERVICE + "CancelChat", chat_service_pb2.CancelChatRequest(request_id=response_id), call
-                )
-            except CallEnded as refused:
-                return ended_response(refused, param_names=_PARAMS)
+                await anext(replay)
+            except CallEnded as missing:
+                if missing.code.name != "NOT_FOUND":
+                    return ended_response(missing, param_names=_PARAMS)
+                if expired_in(missing) is None:
+                    return _no_such_response(response_id, missing)
+            except StopAsyncIteration:
+                pass
+            finally:
+                await replay.aclose()  # type: ignore[attr-defined]
+            return error_response(
+                400,
+                "Cannot cancel a synchronous response. Only a response created with background: true "
+                "can be cancelled; a foreground response is cancelled by closing its connection "
+                "(docs/api/openai.md#routes)",
+                "invalid_request_error",
+            )
         return await self._read(response_id, call, stream=False)
 
 
-def keyed_id(prefix: str, key: str) -> str:
-    """The id (``prefix`` then 32 hex digits) of the requests sent with ``Idempotency-Key: key``:
-    the same for every retry, so they answer one response or completion
-    (docs/api/openai.md#retries-and-idempotency-keys). Per tenant: store keys carry the tenant."""
-    return prefix + hashlib.sha256(key.encode()).hexdigest()[:32]
+def _no_such_response(response_id: str, ended: CallEnded) -> Response:
+    """The 404 of an id no response has (``ended``: the refusal that found none), saying what a
+    response id is."""
+    status, body = ended_error(ended, param_names=_PARAMS)
+    return error_response(
+        status,
+        f"no response with id {response_id!r}: a response id is the id of a response this "
+        "door created (resp-<hex>, from POST /v1/responses) or the request id of a turn "
+        "started over gRPC, Connect or another door; a response whose conversation was "
+        "deleted is not found either",
+        body["error"]["type"],
+        body["error"]["param"],
+        body["error"]["code"],
+    )
 
 
 async def _after(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
@@ -592,4 +576,4 @@ def _frames(events: list[dict[str, Any]], after: int) -> bytes:
     )
 
 
-__all__ = ["ResponsesDoor", "call_info", "json_response", "keyed_id", "read_body", "struct_of"]
+__all__ = ["ResponsesDoor"]

@@ -7,7 +7,9 @@ client that sends one still gets its turn). A field in the wrong shape is
 
 Input items: a string, or a list of ``message`` items (role ``user``, ``assistant``,
 ``system`` or ``developer``; content a string or ``input_text`` / ``output_text`` parts) and
-``function_call_output`` items (the result of a client tool call of the previous response).
+``function_call_output`` items (the result of a client tool call of the previous response) and
+``mcp_approval_response`` items (the user's answer to an ``mcp_approval_request`` of the previous
+response: a call of the sidecar's own tools waiting for approval, docs/api/openai.md#tool-approvals).
 ``function_call``, ``reasoning`` and ``item_reference`` items repeat what the conversation already
 stores and are skipped. Other content (images, files, audio) is refused: this door carries text.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -110,15 +113,29 @@ class ResponsesRequest(BaseModel):
         return self.conversation
 
 
+@dataclass(frozen=True, slots=True)
+class ApprovalAnswer:
+    """One ``mcp_approval_response`` input item: ``approval_request_id`` (the ``id`` of the
+    ``mcp_approval_request`` item it answers: the call's approval id), ``approve``, the optional
+    ``reason`` (the model is told it for a denial), and ``where`` (its ``input[i]``)."""
+
+    approval_request_id: str
+    approve: bool
+    reason: str
+    where: str
+
+
 class TurnInput(BaseModel):
-    """What a Responses request asks Turnwire for: ``messages`` to store and run a turn on,
-    or ``results`` of client tool calls to continue with (never both), and the request's
-    ``client_tools``, ``body`` (for hooks) and ``echo`` (for the Response object)."""
+    """What a Responses request asks Turnwire for: ``messages`` to store and run a turn on, or
+    ``results`` of client tool calls and ``approvals`` of the sidecar's calls waiting for approval
+    to continue with (never messages with either), and the request's ``client_tools``, ``body``
+    (for hooks) and ``echo`` (for the Response object)."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     messages: list[message_pb2.Message]
     results: list[chat_service_pb2.ToolResult]
+    approvals: list[ApprovalAnswer] = []
     client_tools: list[chat_service_pb2.ClientTool]
     body: dict[str, Any]
     echo: dict[str, Any]
@@ -207,6 +224,23 @@ def _client_tool(tool: dict[str, Any], where: str) -> chat_service_pb2.ClientToo
     return offered
 
 
+def _approval_answer(item: dict[str, Any], where: str) -> ApprovalAnswer:
+    """An ``mcp_approval_response`` item (OpenAI's ``McpApprovalResponse`` input item) read."""
+    request_id = item.get("approval_request_id")
+    if not isinstance(request_id, str) or not request_id:
+        raise RequestProblem(
+            f"{where}.approval_request_id: the id of the mcp_approval_request item it answers",
+            f"{where}.approval_request_id",
+        )
+    approve = item.get("approve")
+    if not isinstance(approve, bool):
+        raise RequestProblem(f"{where}.approve: true or false", f"{where}.approve")
+    reason = item.get("reason")
+    if reason is not None and not isinstance(reason, str):
+        raise RequestProblem(f"{where}.reason: a string", f"{where}.reason")
+    return ApprovalAnswer(request_id, approve, reason or "", where)
+
+
 _ITEM_ID = re.compile(r"(?:msg|rs|fc|mcp)_([A-Za-z0-9.:-]+)_[0-9]+")
 """An output item id this door made (``msg_<response id>_<index>``: openai_response_log.py);
 response ids hold no ``_`` (docs/guarantees.md, "Ids never collide")."""
@@ -234,6 +268,7 @@ def turn_input(request: ResponsesRequest, start: int = 0) -> TurnInput:
     (:func:`referenced_response`); raises :class:`RequestProblem`."""
     messages: list[message_pb2.Message] = []
     results: list[chat_service_pb2.ToolResult] = []
+    approvals: list[ApprovalAnswer] = []
     sources: list[str] = []  # the request parameter of each message
     result_sources: list[str] = []
     if request.instructions:
@@ -268,27 +303,33 @@ def turn_input(request: ResponsesRequest, start: int = 0) -> TurnInput:
                     )
                 )
                 result_sources.append(where)
+            elif kind == "mcp_approval_response":
+                approvals.append(_approval_answer(item, where))
             elif kind not in _SKIPPED_ITEMS:
                 raise RequestProblem(
-                    f"{where}.type: this door takes message and function_call_output items; got {kind!r}",
+                    f"{where}.type: this door takes message, function_call_output and "
+                    f"mcp_approval_response items; got {kind!r}",
                     f"{where}.type",
                 )
-    if results and any(m.role != message_pb2.ROLE_SYSTEM for m in messages):
+    answers = "function_call_output" if results else "mcp_approval_response"
+    if (results or approvals) and any(m.role != message_pb2.ROLE_SYSTEM for m in messages):
         raise RequestProblem(
-            "input: send function_call_output items without new messages (they continue the previous "
+            f"input: send {answers} items without new messages (they continue the previous "
             "response); send the next message in the request after",
             "input",
         )
-    if results and messages:
-        raise RequestProblem("instructions: not taken with function_call_output items", "instructions")
+    if (results or approvals) and messages:
+        raise RequestProblem(f"instructions: not taken with {answers} items", "instructions")
     fields = request.model_dump(exclude_none=True)
     return TurnInput(
         messages=messages,
         results=results,
+        approvals=approvals,
         client_tools=[_client_tool(tool, f"tools[{i}]") for i, tool in enumerate(request.tools)],
         body={name: fields[name] for name in _FOR_HOOKS if name in fields},
         echo={name: fields[name] for name in _ECHOED if name in fields} | {"tools": request.tools},
-        params=item_params(sources, result_sources),
+        params=item_params(sources, result_sources)
+        | {f"approvals[{i}]": answer.where for i, answer in enumerate(approvals)},
     )
 
 
@@ -305,6 +346,7 @@ def item_params(sources: Sequence[str], result_sources: Sequence[str] = ()) -> d
 
 
 __all__ = [
+    "ApprovalAnswer",
     "RequestProblem",
     "ResponsesRequest",
     "TurnInput",

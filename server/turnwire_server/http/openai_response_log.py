@@ -19,14 +19,18 @@ What maps (one turn = one response, its request id = the response id):
   an ``mcp_call`` item (``server_label`` ``turnwire``) with its ``arguments`` and ``output`` or
   ``error``: OpenAI's item for a tool the server ran, which clients show and do not run, so a
   caller sees the whole tool loop. A client tool's call, which ends the turn waiting for its
-  ``function_call_output``, → a ``function_call`` item. Which one a call is shows only when its
-  result comes or the turn ends, so a call's item is sent then (see :class:`_HeldCall`);
+  ``function_call_output``, → a ``function_call`` item. A call of the sidecar's own tools that
+  waits for the user's approval (``ToolApprovalRequest``, docs/semantics.md §6) → OpenAI's
+  ``mcp_approval_request`` item (``id`` the approval's id, which an ``mcp_approval_response`` input
+  item names as its ``approval_request_id``), sent when its approval is asked. Which one a call is
+  shows only when its result comes, its approval is asked or the turn ends, so a call's item is
+  sent then (see :class:`_HeldCall`);
 - ``TurnEnd`` → ``response.completed`` (``incomplete`` when the last step hit the output limit),
   ``response.failed`` (a failed or interrupted turn), or ``response.incomplete`` with status
   ``cancelled`` (a cancelled turn), with the turn's usage.
 
-Sources, files, tool approvals and recovery attempts have no Responses event; they are not
-sent (the turn's stored message keeps them: read it over gRPC or Connect). A new attempt
+Sources, files and recovery attempts have no Responses event; they are not sent (the
+turn's stored message keeps them: read it over gRPC or Connect). A new attempt
 (``AttemptStart``: a provider fallback restarting a step, a recovery) closes the items the earlier
 one left open, as ``incomplete`` (as a cancelled turn's), so no item stays ``in_progress``; the
 new attempt's items follow them (what was streamed cannot be taken back).
@@ -281,6 +285,21 @@ class ResponseLog:
             self._event("response.mcp_call.failed", out, item_id=item["id"], output_index=index)
         self._event("response.output_item.done", out, output_index=index, item=_copy(item))
 
+    def _approval_request(self, call_id: str, name: str, approval_id: str, out: list[dict[str, Any]]) -> None:
+        """A call waiting for the user's approval: OpenAI's ``mcp_approval_request`` item (no
+        ``status``: OpenAI's has none), opened and done at once; its ``id`` is the approval's id,
+        which the caller's ``mcp_approval_response`` names (docs/api/openai.md#tool-approvals)."""
+        held = self._held.pop(call_id, None) or _HeldCall(name)
+        item: dict[str, Any] = {
+            "id": approval_id,
+            "type": "mcp_approval_request",
+            "server_label": SERVER_LABEL,
+            "name": held.name or name,
+            "arguments": held.arguments or "{}",
+        }
+        index = self._add_item(None, item, out)
+        self._event("response.output_item.done", out, output_index=index, item=_copy(item))
+
     def _release_held(self, out: list[dict[str, Any]], *, ended_well: bool) -> None:
         """The held calls no result came for, as ``function_call`` items in the order they began:
         a client tool's call the caller answers with ``function_call_output`` (``completed``), or,
@@ -378,6 +397,9 @@ class ResponseLog:
             self._server_call(
                 denied.tool_call_id, denied.tool_name, out, output=None, error=denied.reason or "denied"
             )
+        elif kind == "tool_approval_request":
+            asked = event.tool_approval_request
+            self._approval_request(asked.tool_call_id, asked.tool_name, asked.approval_id, out)
         elif kind == "attempt_start":
             self._close_open(out)
             self._release_held(out, ended_well=False)
@@ -440,9 +462,11 @@ def stored_events(
     assistant message ``reply`` (None when it has none), numbered from 1: what the stored reply
     keeps maps as the events did (text, reasoning, the calls and results of the sidecar's own
     tools; a client tool's call without the result the client sent later, as when it ended the
-    response). The TurnEnd carries no usage (a turn record keeps its cost, not its tokens: the
-    Response's ``usage`` is None) and no finish reason (an ``incomplete`` for
-    ``max_output_tokens`` reads as ``completed``). Not the numbering of the turn's own events."""
+    response; a call whose approval was asked, as its approval request, as when it ended the
+    response, whatever was answered since). The TurnEnd carries no usage (a turn record keeps its
+    cost, not its tokens: the Response's ``usage`` is None) and no finish reason (an
+    ``incomplete`` for ``max_output_tokens`` reads as ``completed``). Not the numbering of the
+    turn's own events."""
     events: list[event_pb2.TurnEvent] = []
 
     def add(**kind: Any) -> None:
@@ -477,6 +501,13 @@ def stored_events(
             )
             if call.client_executed:
                 continue  # the response ended at the call; the client sent its result
+            if call.approval.id:  # the response ended asking its approval; the answer came later
+                add(
+                    tool_approval_request=event_pb2.ToolApprovalRequest(
+                        tool_call_id=call_id, tool_name=name, approval_id=call.approval.id
+                    )
+                )
+                continue
             if call.state == message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE:
                 add(
                     tool_output_available=event_pb2.ToolOutputAvailable(
