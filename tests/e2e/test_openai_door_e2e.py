@@ -302,8 +302,9 @@ async def test_a_response_past_the_event_retention_is_read_from_the_stored_conve
     sidecar_factory: SidecarFactory, tmp_path: Path
 ) -> None:
     """A response whose turn ended longer ago than ``durability.event_retention_seconds`` is still
-    stored (its record, its reply in the conversation): it reads, streams, continues and cancels
-    as before its events were dropped. Before, every one of these answered 404 ("its events are
+    stored (its record, its reply in the conversation): it reads, streams and continues as before
+    its events were dropped, and its cancel is refused as a foreground response's is (400, not
+    404: the response is still known). Before, every one of these answered 404 ("its events are
     gone") an hour after the turn although the conversation kept the reply: ``retrieve``,
     ``retrieve(stream=True)``, ``cancel``, a background response's ``retrieve``, a Chat
     Completions turn's ``retrieve``, and ``previous_response_id`` (also for a client tool's
