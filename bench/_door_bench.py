@@ -5,12 +5,13 @@ call in process."""
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -102,11 +103,22 @@ class Servicer(chat_service_pb2_grpc.ChatServiceServicer):
         for response in self.events:
             yield response
 
+    async def ResumeTurn(
+        self, request: Any, context: Any
+    ) -> AsyncIterator[chat_service_pb2.ResumeTurnResponse]:
+        """The same turn's events, replayed (a retry's read of the stored response)."""
+        for response in self.events:
+            yield chat_service_pb2.ResumeTurnResponse(event=response.event)
 
-def in_process_door(door: Any) -> tuple[Any, Callable[[], Awaitable[None]]]:
+
+def in_process_door(
+    door: Any, interceptors: Sequence[Any] | None = None, token: str = "x"
+) -> tuple[Any, Callable[[], Awaitable[None]]]:
     """The ASGI app of ``door`` (a ``turnwire_server.http.doors`` factory) over a stub servicer
-    whose Chat answers a pre-built 4-delta turn, and the same Chat through the in-process call
-    alone (the baseline: its interceptor, RpcObserver, without HTTP)."""
+    whose Chat (and ResumeTurn) answers a pre-built 4-delta turn, and the same Chat through the
+    in-process call alone (the baseline: its interceptors, without HTTP). ``interceptors``: the
+    calls' interceptors (default: RpcObserver alone; :func:`server_interceptors`: the server's);
+    ``token``: the baseline call's bearer token."""
     from turnwire_server.api.rpc_observer import RpcObserver
     from turnwire_server.http.calls import DoorCallInfo, InProcessCalls, MethodTable
     from turnwire_server.http.doors import DoorContext, build_app
@@ -114,16 +126,46 @@ def in_process_door(door: Any) -> tuple[Any, Callable[[], Awaitable[None]]]:
 
     table = MethodTable()
     chat_service_pb2_grpc.add_ChatServiceServicer_to_server(Servicer(), table)  # type: ignore[abstract]
-    calls = InProcessCalls(table, [RpcObserver()])
+    calls = InProcessCalls(table, [RpcObserver()] if interceptors is None else interceptors)
     service = chat_service_pb2.DESCRIPTOR.services_by_name["ChatService"]
     app = build_app(DoorContext(calls, [service], 4 << 20), [door], CorsSettings())
     chat = request()
 
     async def direct() -> None:
-        async for _ in calls.stream("/turnwire.v1.ChatService/Chat", chat, DoorCallInfo(())):
+        metadata = (("authorization", f"Bearer {token}"),)
+        async for _ in calls.stream("/turnwire.v1.ChatService/Chat", chat, DoorCallInfo(metadata)):
             pass
 
     return app, direct
+
+
+def server_interceptors(workdir: Path) -> tuple[list[Any], str]:
+    """The gRPC server's interceptors as ``serve`` installs them with JWT authentication on
+    (RpcObserver, AccessInterceptor with a one-key ES256 key set written to ``workdir``, CallGate),
+    and a JWT they accept (valid for an hour)."""
+    import jwt
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from jwt.algorithms import ECAlgorithm
+
+    from turnwire_server.access_settings import AuthSettings, JwtSettings
+    from turnwire_server.api.access import AccessInterceptor
+    from turnwire_server.api.admission import CallGate
+    from turnwire_server.api.authentication import Authenticator
+    from turnwire_server.api.rpc_observer import RpcObserver
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    public = json.loads(ECAlgorithm.to_jwk(key.public_key()))
+    public.update(kid="bench", alg="ES256", use="sig")
+    jwks = workdir / "jwks.json"
+    jwks.write_text(json.dumps({"keys": [public]}), encoding="utf-8")
+    settings = AuthSettings(
+        enabled=True, jwt=JwtSettings(jwks_file=jwks, issuer="https://bench", audience="turnwire")
+    )
+    now = int(time.time())
+    claims = {"iss": "https://bench", "aud": "turnwire", "sub": "bench", "tenant": "t", "exp": now + 3600}
+    token = jwt.encode(claims, key, algorithm="ES256", headers={"kid": "bench"})
+    access = AccessInterceptor(Authenticator.from_settings(settings, {}), None)
+    return [RpcObserver(), access, CallGate(64)], token
 
 
 async def against_grpc(

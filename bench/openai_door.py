@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -49,6 +50,7 @@ from _door_bench import (  # noqa: E402
     comparison_table,
     cpu_per_call,
     in_process_door,
+    server_interceptors,
     sidecar_with_doors,
 )
 from _ttft_clients import QUESTION  # noqa: E402
@@ -129,6 +131,23 @@ async def in_process(requests: int) -> Table:
             await asgi_post(app, "/v1/responses", body)
 
         own = await cpu_per_call(one, requests)
+        table.add(name, f"{own * 1e6:.0f}", f"{(own - base) * 1e6:+.0f}")
+    # The same with the server's interceptors and JWT authentication (what a door call pays for its
+    # token, its depth check and its slot), and a retry sent with its Idempotency-Key (the stored
+    # response read again through ResumeTurn).
+    interceptors, token = server_interceptors(Path(tempfile.mkdtemp(prefix="turnwire-bench-jwt-")))
+    guarded, guarded_direct = in_process_door(openai_door, interceptors, token)
+    base = await cpu_per_call(guarded_direct, requests)
+    table.add("in-process call alone (the server's interceptors, JWT auth)", f"{base * 1e6:.0f}", "")
+    for name, headers in (
+        ("POST /v1/responses, stream (JWT auth)", ()),
+        ("POST /v1/responses, stream, a retry (Idempotency-Key; JWT auth)", (("idempotency-key", "k1"),)),
+    ):
+
+        async def guarded_one(headers: tuple[tuple[str, str], ...] = headers) -> None:
+            await asgi_post(guarded, "/v1/responses", responses, token=token, headers=headers)
+
+        own = await cpu_per_call(guarded_one, requests)
         table.add(name, f"{own * 1e6:.0f}", f"{(own - base) * 1e6:+.0f}")
     return table
 

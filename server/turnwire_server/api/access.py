@@ -7,7 +7,8 @@ unauthenticated or rate-limited call never takes a turn slot). For each call:
    (:mod:`turnwire_server.api.authentication`), or the call ends ``UNAUTHENTICATED`` before its
    handler runs. Health and reflection stay open unless ``auth.open_health`` /
    ``auth.open_reflection`` are false. The refusal log line (throttled) names the method and the
-   reason, never the token.
+   reason, never the token. The calls an HTTP door makes for one request verify its token once
+   (:mod:`turnwire_server.api.door_checks`).
 2. For ChatService calls, the handler runs with :data:`~turnwire_server.api.caller.current_caller`
    set, and
 3. **rate limits** (``rate_limits:``): a turn-starting call takes a turn from the principal's
@@ -36,6 +37,7 @@ from grpc_status import rpc_status
 from turnwire_server.api.admission import CHAT_SERVICE
 from turnwire_server.api.authentication import Authenticator, AuthError
 from turnwire_server.api.caller import ANONYMOUS, Caller, current_caller
+from turnwire_server.api.door_checks import door_checks
 from turnwire_server.api.rate_limits import RateLimits
 from turnwire_server.api.refusal import refusing_handler
 from turnwire_server.api.rpc_logging import Throttled
@@ -99,12 +101,23 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # gr
         service = method.split("/")[1] if method.count("/") == 2 else ""
         caller = ANONYMOUS
         if self.authenticator is not None and service not in self.open_services:
-            try:
-                caller = self.authenticator.authenticate(handler_call_details.invocation_metadata)
-            except AuthError as refusal:
-                cause = f"; {refusal.cause} in a check" if refusal.cause else ""
-                self._refusals.event("refused %s: %s (%s%s)", method, refusal.reason, refusal.message, cause)
-                return refusing_handler(handler, rpc_status.to_status(refusal.to_status()))
+            metadata = handler_call_details.invocation_metadata
+            # A door's HTTP request verifies its token once, whatever number of calls it makes.
+            checks = door_checks(handler_call_details)
+            verified = checks.caller_for(metadata) if checks is not None else None
+            if verified is not None:
+                caller = verified
+            else:
+                try:
+                    caller = self.authenticator.authenticate(metadata)
+                except AuthError as refusal:
+                    cause = f"; {refusal.cause} in a check" if refusal.cause else ""
+                    self._refusals.event(
+                        "refused %s: %s (%s%s)", method, refusal.reason, refusal.message, cause
+                    )
+                    return refusing_handler(handler, rpc_status.to_status(refusal.to_status()))
+                if checks is not None:
+                    checks.verified(metadata, caller)
         if service != CHAT_SERVICE:
             return handler
         return self._wrap(handler, method, caller)

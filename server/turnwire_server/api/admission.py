@@ -32,7 +32,9 @@
   ``INVALID_ARGUMENT``, reason ``INVALID_FIELD`` and a ``BadRequest`` on
   ``(request)`` naming the message type, and one throttled log line
   (:mod:`turnwire_server.api.rpc_logging`), instead of gRPC's ``UNKNOWN`` and
-  an ERROR traceback per request.
+  an ERROR traceback per request. So does a request whose JSON values (``Struct`` fields) nest past
+  :data:`~turnwire_server.api.json_depth.MAX_JSON_DEPTH`, naming the field; an HTTP door's call
+  whose body the door bounded already is not walked again (:mod:`turnwire_server.api.door_checks`).
 * **Draining.** ChatService calls are tracked so that shutdown can wait for
   them, and only them (:meth:`CallGate.wait_idle`): a health ``Watch`` or a
   reflection stream never ends on its own and must not hold shutdown up.
@@ -58,6 +60,7 @@ from grpc_status import rpc_status
 
 from turnwire_server.access_settings import TenantShareSettings
 from turnwire_server.api.caller import current_caller
+from turnwire_server.api.door_checks import door_checks
 from turnwire_server.api.json_depth import MAX_JSON_DEPTH, too_deep_field
 from turnwire_server.api.kept_wrappers import KeptWrappers
 from turnwire_server.api.rpc_logging import Throttled, malformed_requests, short
@@ -149,6 +152,13 @@ def _too_deep(field: str) -> TurnwireStatusError:
             )
         ]
     )
+
+
+def _depth_unchecked(context: Context) -> bool:
+    """Whether the call's JSON nesting is still to check: always over gRPC and Connect; not for a
+    door call whose body the door bounded already (:mod:`turnwire_server.api.door_checks`)."""
+    checks = door_checks(context)
+    return checks is None or not checks.json_depth
 
 
 def _request_type(deserializer: Callable[[bytes], Any] | None) -> str:
@@ -404,7 +414,7 @@ class CallGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc is unt
         async def checked(request: Any, context: Context) -> None:
             if isinstance(request, _Undecodable):
                 await self._refuse_malformed(context, method, request_type, request.error)
-            elif (too_deep := too_deep_field(request)) is not None:
+            elif _depth_unchecked(context) and (too_deep := too_deep_field(request)) is not None:
                 await context.abort_with_status(rpc_status.to_status(_too_deep(too_deep).to_status()))
 
         if not handler.request_streaming and not handler.response_streaming:

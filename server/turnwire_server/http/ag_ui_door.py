@@ -136,10 +136,13 @@ class AgUiDoor:
                 "(application/vnd.ag-ui.event+proto) is not served: accept text/event-stream",
                 "not_acceptable",
             )
+        call = call_info(request)
         raw = await read_body(
             request,
+            call,
             self.read_max_bytes,
             self.calls,
+            method="Chat",
             too_large=lambda message: run_error_response(413, message, "request_too_large"),
             refused=_ended_response,
         )
@@ -150,7 +153,7 @@ class AgUiDoor:
             turn = run_input(parsed)
         except RequestProblem as problem:
             return run_error_response(400, problem.message, "invalid_request")
-        call = call_info(request)
+        call.checks.json_depth = True  # parse_run_input bounded the body's nesting
         method, message = _turn_request(parsed.thread_id, parsed.run_id, turn)
         log = RunLog(parsed.thread_id, parsed.run_id)
         events = self.calls.stream(_SERVICE + method, message, call)

@@ -95,10 +95,13 @@ class AiSdkDoor:
 
     async def send(self, request: Request) -> Response:
         """``POST /v1/ai-sdk/chat``: the transport's ``sendMessages``."""
+        call = call_info(request)
         raw = await read_body(
             request,
+            call,
             self.read_max_bytes,
             self.calls,
+            method="Chat",
             too_large=lambda message: PlainTextResponse(message, status_code=413),
             refused=refused,
         )
@@ -108,7 +111,7 @@ class AiSdkDoor:
             turn = turn_input(parse_body(raw))
         except RequestProblem as problem:
             return PlainTextResponse(problem.message, status_code=400)
-        call = call_info(request)
+        call.checks.json_depth = True  # parse_body bounded the body's nesting
         try:
             events = await self._events(turn, call)
             first = await anext(events)

@@ -30,7 +30,7 @@ import functools
 import inspect
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import grpc
@@ -38,6 +38,7 @@ from google.protobuf.message import Message
 from google.rpc import error_details_pb2, status_pb2
 
 from turnwire_client.metadata import EVENT_BATCHES_METADATA
+from turnwire_server.api.door_checks import DoorChecks
 
 STATUS_DETAILS_KEY = "grpc-status-details-bin"
 """The trailer that carries a status's ``google.rpc.Status`` (gRPC's richer error model)."""
@@ -135,21 +136,26 @@ class CallEnded(grpc.aio.AbortError):  # type: ignore[misc]  # grpc is untyped
 
 
 class _CallDetails(NamedTuple):
-    """``grpc.HandlerCallDetails``: what an interceptor reads of a call before its request."""
+    """``grpc.HandlerCallDetails``: what an interceptor reads of a call before its request, and
+    what its door checked already (:mod:`turnwire_server.api.door_checks`)."""
 
     method: str
     invocation_metadata: Metadata
+    door_checks: DoorChecks | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class DoorCallInfo:
-    """What a door knows of one HTTP call: its ``metadata`` (:func:`metadata_of`), the
-    ``peer`` (``ipv4:ADDRESS:PORT`` as gRPC writes it, or ``"unknown"``) and its ``deadline``
-    (``time.monotonic()`` seconds; None: none)."""
+    """What a door knows of one HTTP request: its ``metadata`` (:func:`metadata_of`), the
+    ``peer`` (``ipv4:ADDRESS:PORT`` as gRPC writes it, or ``"unknown"``), its ``deadline``
+    (``time.monotonic()`` seconds; None: none) and ``checks``, what was checked of it already
+    (:mod:`turnwire_server.api.door_checks`: its token once verified, its body's nesting once
+    bounded). Make every call of one request with the same object, so its token is verified once."""
 
     metadata: Metadata
     peer: str = "unknown"
     deadline: float | None = None
+    checks: DoorChecks = field(default_factory=DoorChecks)
 
 
 class HttpCallContext:
@@ -166,6 +172,11 @@ class HttpCallContext:
     def invocation_metadata(self) -> Metadata:
         """The call's metadata."""
         return self._call.metadata
+
+    @property
+    def door_checks(self) -> DoorChecks:
+        """What the door checked already of the call's request (:mod:`turnwire_server.api.door_checks`)."""
+        return self._call.checks
 
     def peer(self) -> str:
         """The client's address, as gRPC writes a peer."""
@@ -306,7 +317,7 @@ class InProcessCalls:
         continuation: Callable[[Any], Any] = innermost
         for interceptor in reversed(self._interceptors):
             continuation = functools.partial(interceptor.intercept_service, continuation)
-        return await continuation(_CallDetails(method, call.metadata))
+        return await continuation(_CallDetails(method, call.metadata, call.checks))
 
     async def refusal(self, method: str, call: DoorCallInfo) -> CallEnded | None:
         """How a call of ``method`` with ``call``'s headers is refused before its request is read
@@ -315,8 +326,9 @@ class InProcessCalls:
         A door asks before it reads a request body, so a caller without a valid token costs no
         more than its headers, as over gRPC (docs/operate/authentication.md, "What a caller
         without a token can cost"). A refused call runs its refusal here, counted in the metrics
-        and logged as the call would have been; an admitted one runs nothing (the door then makes
-        the call, authenticated again). An unknown ``method`` is not refused here: the call says so.
+        (under ``method``) and logged as the call would have been; an admitted one runs nothing,
+        and the caller its token was verified as is kept in ``call.checks``: the door's calls with
+        ``call`` are not verified again. An unknown ``method`` is not refused here: the call says so.
         """
         if self._table.handler(method) is None:
             return None

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -119,12 +120,23 @@ def connect_error(ended: CallEnded) -> ConnectError:
     return ConnectError(_CODES.get(ended.code, Code.UNKNOWN), ended.details, details)
 
 
+_CALL_INFOS: weakref.WeakKeyDictionary[RequestContext[Any, Any], DoorCallInfo] = weakref.WeakKeyDictionary()
+"""Each Connect call's :class:`DoorCallInfo`, by its request context (one per call, dropped with it)."""
+
+
 def _call_info(ctx: RequestContext[Any, Any]) -> DoorCallInfo:
+    """The :class:`DoorCallInfo` of the call of ``ctx``: one object for the call, so the token that
+    :class:`_TokenFirst` verified is not verified again when the endpoint makes the call."""
+    found = _CALL_INFOS.get(ctx)
+    if found is not None:
+        return found
     remaining = ctx.timeout_ms
     deadline = None if remaining is None else time.monotonic() + remaining / 1000
     address = ctx.client_address
     peer = f"ipv4:{address}" if address else "unknown"
-    return DoorCallInfo(metadata_of(ctx.request_headers.allitems(), event_batches=True), peer, deadline)
+    call = DoorCallInfo(metadata_of(ctx.request_headers.allitems(), event_batches=True), peer, deadline)
+    _CALL_INFOS[ctx] = call
+    return call
 
 
 def _method_info(service: ServiceDescriptor, method: MethodDescriptor) -> MethodInfo[Any, Any]:

@@ -47,20 +47,25 @@ def _too_large(message: str) -> Response:
 
 async def read_body(
     request: Request,
+    call: DoorCallInfo,
     limit: int,
     calls: InProcessCalls,
     *,
+    method: str,
     too_large: Callable[[str], Response] = _too_large,
     refused: Callable[[CallEnded], Response] = ended_response,
 ) -> bytes | Response:
-    """The request's body, or once it passes ``limit`` bytes (read no further) the 413 answer
-    ``too_large`` makes of a message saying so (OpenAI's error body unless given).
+    """The body of ``request`` (whose :class:`DoorCallInfo` is ``call``), or once it passes
+    ``limit`` bytes (read no further) the 413 answer ``too_large`` makes of a message saying so
+    (OpenAI's error body unless given).
 
-    The caller's token is checked first (:meth:`InProcessCalls.refusal`, as for a ``Chat``): a
-    request it does not admit is answered what ``refused`` makes of the refusal (OpenAI's error
-    body unless given) with none of its body read, so a caller without a valid token costs no
-    more than its headers, as over gRPC (docs/operate/authentication.md)."""
-    ended = await calls.refusal(_SERVICE + "Chat", call_info(request))
+    The caller's token is checked first (:meth:`InProcessCalls.refusal`, as for a call of
+    ``method``, the ChatService method the route maps to: a refusal is counted under it): a request
+    it does not admit is answered what ``refused`` makes of the refusal (OpenAI's error body unless
+    given) with none of its body read, so a caller without a valid token costs no more than its
+    headers, as over gRPC (docs/operate/authentication.md). The token is verified there once for
+    the request: make its calls with ``call``."""
+    ended = await calls.refusal(_SERVICE + method, call)
     if ended is not None:
         return refused(ended)
     chunks: list[bytes] = []

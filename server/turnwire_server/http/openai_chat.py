@@ -324,7 +324,9 @@ class ChatCompletionsDoor:
 
     async def create(self, request: Request) -> Response:
         """``POST /v1/chat/completions``."""
-        raw = await read_body(request, self.read_max_bytes, self.calls)
+        call = call_info(request)
+        # SaveMessages: a request that names no conversation (the usual one) stores its messages.
+        raw = await read_body(request, call, self.read_max_bytes, self.calls, method="SaveMessages")
         if isinstance(raw, Response):
             return raw
         try:
@@ -337,6 +339,7 @@ class ChatCompletionsDoor:
             check_nesting(body)
         except RequestProblem as problem:
             return bad_request(problem.message, problem.param)
+        call.checks.json_depth = True
         if body.get("n") not in (None, 1):
             # One turn makes one reply: n choices would be n turns, each stored and billed.
             return bad_request(
@@ -366,7 +369,6 @@ class ChatCompletionsDoor:
         for index, stored in enumerate(getattr(message, "messages", ()) if key else ()):
             stored.id = stored.id or f"{completion_id}.m{index}"  # a retry's input is the same input
         params = _PARAMS | items
-        call = call_info(request)
         include_usage = bool(body.get("stream")) and bool(
             (body.get("stream_options") or {}).get("include_usage")
         )

@@ -58,6 +58,10 @@ _SERVICE = "/turnwire.v1.ChatService/"
 _PARAMS = {"conversation_id": "conversation", "client_tools": "tools", "request_id": "response_id"}
 """Turnwire field names to this door's parameters, in error bodies."""
 
+_Opened = tuple[Any, AsyncIterator[Any]] | CallEnded
+"""A response's ``ResumeTurn`` stream opened (``ResponsesDoor._open``): its first event (None: it
+ended without one) and the stream, or how the call ended."""
+
 _SUBMISSION_QUEUED = chat_service_pb2.SUBMISSION_STATE_PENDING
 _SUBMISSION_ABORTED = chat_service_pb2.SUBMISSION_STATE_ABORTED
 
@@ -85,7 +89,8 @@ class ResponsesDoor:
 
     async def create(self, request: Request) -> Response:
         """``POST /v1/responses``."""
-        raw = await read_body(request, self.read_max_bytes, self.calls)
+        call = call_info(request)
+        raw = await read_body(request, call, self.read_max_bytes, self.calls, method="Chat")
         if isinstance(raw, Response):
             return raw
         try:
@@ -102,11 +107,13 @@ class ResponsesDoor:
             turn = turn_input(parsed, referenced[1] if referenced else 0)
         except RequestProblem as problem:
             return bad_request(problem.message, problem.param)
-        call = call_info(request)
+        call.checks.json_depth = True  # parse_request bounded the body's nesting
         key = request.headers.get("idempotency-key")
         response_id = keyed_id("resp-", key) if key else f"resp-{uuid.uuid4().hex}"
-        if key and await self._exists(response_id, call):  # a retry: the first request's response
-            return await self._read(response_id, call, stream=bool(parsed.stream))
+        if key:  # a retry answers the first request's response
+            earlier = await self._earlier(response_id, call)
+            if earlier is not None:
+                return await self._read(response_id, call, stream=bool(parsed.stream), opened=earlier)
         if parsed.conversation_id and parsed.previous_response_id:
             return bad_request(
                 "conversation and previous_response_id cannot both be given: name one",
@@ -162,22 +169,13 @@ class ResponsesDoor:
         log = ResponseLog(response_id, echo=echo)
         return await self._answer(events, log, stream=bool(parsed.stream), params=_PARAMS | turn.params)
 
-    async def _exists(self, response_id: str, call: DoorCallInfo) -> bool:
-        """Whether a response (a turn, or a submission) ``response_id`` exists, its events past
-        their retention included."""
-        replay = self.calls.stream(
-            _SERVICE + "ResumeTurn", chat_service_pb2.ResumeTurnRequest(request_id=response_id), call
-        )
-        try:
-            await anext(replay)
-            return True
-        except CallEnded as ended:
-            if ended.code.name != "NOT_FOUND" or expired_in(ended) is not None:
-                return True
-        except StopAsyncIteration:
-            return True
-        finally:
-            await replay.aclose()  # type: ignore[attr-defined]
+    async def _earlier(self, response_id: str, call: DoorCallInfo) -> _Opened | None:
+        """The turn stream of response ``response_id`` opened (:meth:`_open`), when a response (a
+        turn, or a submission) of that id exists, its events past their retention included, for
+        :meth:`_read` to answer without opening it again; None when none exists."""
+        opened = await self._open(response_id, call)
+        if not isinstance(opened, CallEnded) or opened.code.name != "NOT_FOUND" or expired_in(opened):
+            return opened
         try:
             await self.calls.unary(
                 _SERVICE + "GetSubmission",
@@ -185,8 +183,22 @@ class ResponsesDoor:
                 call,
             )
         except CallEnded:
-            return False
-        return True
+            return None
+        return opened
+
+    async def _open(self, response_id: str, call: DoorCallInfo) -> _Opened:
+        """Turn ``response_id``'s ``ResumeTurn`` stream from its start, its first event read: the
+        event (None: the stream ended without one) and the stream, or how the call ended."""
+        replay = self.calls.stream(
+            _SERVICE + "ResumeTurn", chat_service_pb2.ResumeTurnRequest(request_id=response_id), call
+        )
+        try:
+            return await anext(replay), replay
+        except CallEnded as ended:
+            await replay.aclose()  # type: ignore[attr-defined]
+            return ended
+        except StopAsyncIteration:
+            return None, replay
 
     async def _store_results(self, conversation: str, turn: TurnInput, call: DoorCallInfo) -> Response | None:
         """Store ``turn.results`` without continuing (``SubmitToolResults``), for a request that
@@ -382,18 +394,27 @@ class ResponsesDoor:
             return bad_request("starting_after: a sequence number (an integer)", "starting_after")
         return await self._read(response_id, call_info(request), stream=stream, after=after)
 
-    async def _read(self, response_id: str, call: DoorCallInfo, *, stream: bool, after: int = -1) -> Response:
-        if not stream:  # a submission that has not run answers at once, not when it has run
+    async def _read(
+        self,
+        response_id: str,
+        call: DoorCallInfo,
+        *,
+        stream: bool,
+        after: int = -1,
+        opened: _Opened | None = None,
+    ) -> Response:
+        """Response ``response_id`` (``stream``: its events after sequence number ``after``), from
+        its turn stream: ``opened`` (:meth:`_open`) when the caller opened it already, else opened
+        here."""
+        if not stream and (opened is None or isinstance(opened, CallEnded)):
+            # A submission that has not run answers at once, not when it has run.
             pending = await self._pending_submission(response_id, call)
             if pending is not None:
                 return pending
-        replay = self.calls.stream(
-            _SERVICE + "ResumeTurn", chat_service_pb2.ResumeTurnRequest(request_id=response_id), call
-        )
-        try:
-            first = await anext(replay)
-        except CallEnded as ended:
-            await replay.aclose()  # type: ignore[attr-defined]
+        if opened is None:
+            opened = await self._open(response_id, call)
+        if isinstance(opened, CallEnded):
+            ended = opened
             if ended.code.name != "NOT_FOUND":
                 return ended_response(ended, param_names=_PARAMS)
             conversation = expired_in(ended)
@@ -402,16 +423,9 @@ class ResponsesDoor:
                 if stored is not None:
                     return stored
             return await self._submission(response_id, call, stream=stream, after=after, ended=ended)
-        except StopAsyncIteration:
-            first = None
-
-        async def events() -> AsyncIterator[Any]:
-            if first is not None:
-                yield first
-            async for item in replay:
-                yield item
-
-        return await self._answer(events(), ResponseLog(response_id), stream=stream, after=after)
+        first, replay = opened
+        events = replay if first is None else _after(first, replay)
+        return await self._answer(events, ResponseLog(response_id), stream=stream, after=after)
 
     async def _stored(
         self, response_id: str, conversation: str, call: DoorCallInfo, *, stream: bool

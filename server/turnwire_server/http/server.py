@@ -280,6 +280,10 @@ async def start_http(
         # should that wait be skipped.
         timeout_graceful_shutdown=None,
         server_header=False,
+        # X-Forwarded-For/-Proto name the client only behind the proxies the operator names
+        # (http.trusted_proxies); uvicorn's default believes any local process's.
+        proxy_headers=bool(settings.trusted_proxies),
+        forwarded_allow_ips=list(settings.trusted_proxies),
     )
     config.load()
     if contexts is not None:

@@ -5,6 +5,8 @@ configuration imports neither uvicorn nor connectrpc."""
 
 from __future__ import annotations
 
+import ipaddress
+
 from pydantic import Field, field_validator, model_validator
 
 from turnwire_server.config_section import ConfigSection
@@ -88,11 +90,30 @@ class HttpSettings(ConfigSection):
         False,
         description="serve the read-only inspector page at /inspector/ (docs/inspector.md); needs listen",
     )
+    trusted_proxies: list[str] = Field(
+        default_factory=list,
+        description="addresses or networks (CIDR) of the reverse proxies in front of the listener whose "
+        "X-Forwarded-For and X-Forwarded-Proto are believed; empty: none, the client is the "
+        "connection's peer",
+    )
 
     @field_validator("listen")
     @classmethod
     def _host_port(cls, value: str | None) -> str | None:
         return None if value is None else host_port(value, "127.0.0.1:8080")
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _addresses(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"{entry!r} is not an IP address or network: name each proxy by its address "
+                    '("10.0.0.7", "2001:db8::7") or a network ("10.0.0.0/8")'
+                ) from None
+        return value
 
 
 __all__ = ["PROTOCOL_REQUEST_HEADERS", "PROTOCOL_RESPONSE_HEADERS", "CorsSettings", "HttpSettings"]
