@@ -5,6 +5,11 @@
 //
 // Run: npm test -w @turnwire/client (after npm run build -w @turnwire/client), or `make test`.
 
+import { spawn } from 'node:child_process';
+import { once } from 'node:events';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 
@@ -357,4 +362,41 @@ test("cancelling the call aborts the tool's signal and nothing more is written",
   assert.equal(await aborted, 'AbortError');
   assert.equal((await failed).code, grpc.status.CANCELLED);
   assert.deepEqual(messages, ['"started"']);
+});
+
+test('serve on the unix socket a killed server left: serves, names it, and spares a live one', async () => {
+  // Before the fresh-user trial a restart after a crash failed with EADDRINUSE (the Python kit
+  // served), and `address` said `unix:1`.
+  const folder = await mkdtemp(join(tmpdir(), 'kit-socket-'));
+  const listen = `unix:${join(folder, 'kit.sock')}`;
+  try {
+    const killed = spawn(
+      process.execPath,
+      [
+        '-e',
+        "require('net').createServer().listen(process.argv[1], () => console.log('up'))",
+        join(folder, 'kit.sock'),
+      ],
+      { stdio: ['ignore', 'pipe', 'inherit'] },
+    );
+    await once(killed.stdout, 'data');
+    killed.kill('SIGKILL'); // leaves its socket file behind
+    await once(killed, 'exit');
+
+    const restarted = await serve({ tools: TOOLS, listen });
+    const client = new ToolsClient(listen, grpc.credentials.createInsecure());
+    try {
+      assert.equal(restarted.address, listen);
+      assert.equal(restarted.port, 0);
+      const { tools } = await unary(client, 'ListTools', {});
+      assert.equal(tools.length, TOOLS.length);
+      await assert.rejects(serve({ tools: TOOLS, listen }), /EADDRINUSE/); // live: not taken over
+      assert.equal((await unary(client, 'ListTools', {})).tools.length, TOOLS.length);
+    } finally {
+      client.close();
+      await restarted.close();
+    }
+  } finally {
+    await rm(folder, { recursive: true, force: true });
+  }
 });
