@@ -82,6 +82,23 @@ const TOOLS = [
     execute: (input) => input,
   }),
   defineTool({
+    name: 'ship',
+    description: 'Ships order lines (required members at every depth).',
+    inputSchema: {
+      type: 'object',
+      properties: {
+        lines: {
+          type: 'array',
+          items: { type: 'object', properties: { sku: { type: 'string' } }, required: ['sku'] },
+        },
+        to: { type: 'object', properties: { city: { type: 'string' } } },
+        labels: { type: 'object', additionalProperties: { type: 'object', required: ['text'] } },
+      },
+      required: ['lines'],
+    },
+    execute: ({ lines }) => ({ lines: lines.length }),
+  }),
+  defineTool({
     name: 'broken',
     description: 'Always fails.',
     inputSchema: { type: 'object' },
@@ -296,7 +313,7 @@ test('ListTools answers the definitions', async () => {
   const { tools, instanceId } = await unary(toolsClient, 'ListTools', {});
   assert.deepEqual(
     tools.map((t) => t.name),
-    ['pack', 'echo', 'broken', 'wait'],
+    ['pack', 'echo', 'ship', 'broken', 'wait'],
   );
   assert.deepEqual(tools[0].inputSchema, TOOLS[0].inputSchema);
   assert.equal(tools[1].timeout.nanos, 500_000_000);
@@ -346,6 +363,21 @@ test("a tool's thrown error, an unknown tool and bad input are the call's error"
   assert.deepEqual(await execute('nope', '{}'), [['error', 'this host has no tool "nope"']]);
   const [[kind]] = await execute('echo', '{not json');
   assert.equal(kind, 'error');
+  // A member the schema requires, missing or null, at any depth: the tool does not run, as in the
+  // Python and Go kits (before the kit trial `execute` got the input without it).
+  assert.deepEqual(await execute('pack', '{}'), [
+    ['error', 'invalid input for tool "pack": member "items" is required'],
+  ]);
+  assert.deepEqual(await execute('pack', '{"items":null}'), [
+    ['error', 'invalid input for tool "pack": member "items" is required, not null'],
+  ]);
+  assert.deepEqual(await execute('ship', '{"lines":[{"sku":"A"},{}],"to":{"city":"Oslo"}}'), [
+    ['error', 'invalid input for tool "ship": member "lines.1.sku" is required'],
+  ]);
+  assert.deepEqual(await execute('ship', '{"lines":[],"to":{},"labels":{"x":{}}}'), [
+    ['error', 'invalid input for tool "ship": member "labels.x.text" is required'],
+  ]);
+  assert.deepEqual(await execute('ship', '{"lines":[{"sku":"A"}]}'), [['outputJson', '{"lines":1}']]);
 });
 
 test("cancelling the call aborts the tool's signal and nothing more is written", async () => {
