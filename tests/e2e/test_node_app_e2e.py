@@ -150,8 +150,8 @@ def outputs(result: TurnResult) -> list[Any]:
     ]
 
 
-def blocked(tool: str) -> str:
-    return f'Tool "{tool}" was blocked: its policy hook (node) was unavailable.'
+def blocked(tool: str, what: str = "was unavailable") -> str:
+    return f'Tool "{tool}" was blocked: its policy hook (node) {what}.'
 
 
 # --- the order of the calls -----------------------------------------------------------------
@@ -275,8 +275,10 @@ async def test_a_before_tool_call_that_fails_blocks_when_closed_and_runs_the_too
 ) -> None:
     result, _ = await faulted_turn(system, "BeforeToolCall", fault)
     assert result.ok, result.error
-    if system.failure_mode == "closed":
-        assert outputs(result) == [blocked("get_weather")]
+    if system.failure_mode == "closed":  # garbage is an answer: the hook failed
+        assert outputs(result) == [
+            blocked("get_weather", "failed" if fault == "garbage" else "was unavailable")
+        ]
     else:
         assert outputs(result)[0]["city"] == "Paris"
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/big"
 	"reflect"
+	"sort"
 	"strings"
 	"time"
 )
@@ -190,4 +191,45 @@ func isScalar(t reflect.Type) bool {
 		return true
 	}
 	return false
+}
+
+// missingMember walks value (decoded JSON: map[string]any, []any, scalars)
+// along schema (as schemaOf builds it) and returns the dotted path of the
+// first required member that is absent or null (null: true), objects' own
+// members before their nested ones, in name order; "" when none is.
+func missingMember(schema map[string]any, value any, prefix string) (path string, null bool) {
+	switch value := value.(type) {
+	case map[string]any:
+		required, _ := schema["required"].([]any)
+		for _, name := range required {
+			member, present := value[name.(string)]
+			if !present || member == nil {
+				return prefix + name.(string), present
+			}
+		}
+		properties, _ := schema["properties"].(map[string]any)
+		additional, _ := schema["additionalProperties"].(map[string]any)
+		names := make([]string, 0, len(value))
+		for name := range value {
+			names = append(names, name)
+		}
+		sort.Strings(names)
+		for _, name := range names {
+			member, ok := properties[name].(map[string]any)
+			if !ok {
+				member = additional
+			}
+			if path, null := missingMember(member, value[name], prefix+name+"."); path != "" {
+				return path, null
+			}
+		}
+	case []any:
+		items, _ := schema["items"].(map[string]any)
+		for i, item := range value {
+			if path, null := missingMember(items, item, fmt.Sprintf("%s%d.", prefix, i)); path != "" {
+				return path, null
+			}
+		}
+	}
+	return "", false
 }

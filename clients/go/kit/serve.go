@@ -3,8 +3,11 @@ package kit
 import (
 	"context"
 	"errors"
+	"io/fs"
 	"net"
+	"os"
 	"strings"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -50,8 +53,11 @@ func Register(server *grpc.Server, hooks *Hooks, tools ...ToolDefinition) error 
 // (middleware `remote.address`, `tools.hosts[].address`), until ctx ends;
 // then it stops taking calls, lets running ones finish for up to 5 s, cuts
 // the rest (their contexts are cancelled) and returns nil. It returns
-// Register's errors and the listener's. For TLS, build the grpc.Server
-// yourself and Register.
+// Register's errors and the listener's. A socket file that a killed process
+// left at PATH (nothing accepts on it) is removed first, so a restart after a
+// crash serves again, as the Python kit does; one a live server listens on is
+// left alone (the listener's "address already in use"). For TLS, build the
+// grpc.Server yourself and Register.
 func Serve(ctx context.Context, addr string, hooks *Hooks, tools ...ToolDefinition) error {
 	server := grpc.NewServer()
 	if err := Register(server, hooks, tools...); err != nil {
@@ -60,6 +66,7 @@ func Serve(ctx context.Context, addr string, hooks *Hooks, tools ...ToolDefiniti
 	network := "tcp"
 	if path := strings.TrimPrefix(addr, "unix:"); path != addr {
 		network, addr = "unix", path
+		removeStaleSocket(path)
 	}
 	listener, err := net.Listen(network, addr)
 	if err != nil {
@@ -79,4 +86,22 @@ func Serve(ctx context.Context, addr string, hooks *Hooks, tools ...ToolDefiniti
 		return nil
 	}
 	return err
+}
+
+// removeStaleSocket removes the socket file at path when no process accepts
+// connections on it (a crashed server's leftover, which would make Listen fail
+// with "address already in use"). Anything else at path is left to Listen.
+func removeStaleSocket(path string) {
+	info, err := os.Lstat(path)
+	if err != nil || info.Mode().Type() != fs.ModeSocket {
+		return
+	}
+	conn, err := net.DialTimeout("unix", path, time.Second)
+	if err == nil {
+		conn.Close() // a live server: Listen reports the address in use
+		return
+	}
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		os.Remove(path)
+	}
 }

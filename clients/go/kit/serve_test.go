@@ -2,6 +2,7 @@ package kit_test
 
 import (
 	"context"
+	"net"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -45,5 +46,52 @@ func TestServeReportsWhatCannotServe(t *testing.T) {
 	}
 	if err := kit.Serve(testContext(t), "unix:"+filepath.Join(t.TempDir(), "missing", "kit.sock"), nil, add); err == nil {
 		t.Errorf("Serve on a socket in a missing folder: nil; want the listener's error")
+	}
+}
+
+// A server killed on a unix socket leaves its file behind: Serve there again
+// serves (the file is stale), while a socket a live server listens on is not
+// taken from it. Before the fresh-user trial a restart after a crash failed
+// with "bind: address already in use".
+func TestServeOnTheSocketACrashedServerLeft(t *testing.T) {
+	socket := filepath.Join(t.TempDir(), "kit.sock")
+	crashed, err := net.Listen("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	crashed.(*net.UnixListener).SetUnlinkOnClose(false) // as SIGKILL leaves it
+	crashed.Close()
+
+	ctx, cancel := context.WithCancel(testContext(t))
+	defer cancel()
+	served := make(chan error, 1)
+	go func() { served <- kit.Serve(ctx, "unix:"+socket, nil, add) }()
+	retry := grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1, MaxDelay: 20 * time.Millisecond}}
+	conn, err := grpc.DialContext(testContext(t), "unix:"+socket, grpc.WithInsecure(), grpc.WithConnectParams(retry))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	listCtx, listed := context.WithTimeout(testContext(t), 10*time.Second)
+	defer listed()
+	if _, err := turnwirev1.NewToolExecutorServiceClient(conn).ListTools(listCtx, &turnwirev1.ListToolsRequest{}, grpc.WaitForReady(true)); err != nil {
+		select {
+		case err := <-served:
+			t.Fatalf("Serve on a stale socket returned %v; want it to serve", err)
+		default:
+			t.Fatalf("ListTools: %v", err)
+		}
+	}
+
+	// The socket is live now: a second Serve there fails and leaves it serving.
+	if err := kit.Serve(testContext(t), "unix:"+socket, nil, add); err == nil || !strings.Contains(err.Error(), "address already in use") {
+		t.Errorf("Serve on a live socket: %v; want address already in use", err)
+	}
+	if _, err := turnwirev1.NewToolExecutorServiceClient(conn).ListTools(testContext(t), &turnwirev1.ListToolsRequest{}); err != nil {
+		t.Errorf("the first server after a second Serve on its socket: %v", err)
+	}
+	cancel()
+	if err := wait(t, served, "Serve's return"); err != nil {
+		t.Fatalf("Serve returned %v; want nil after its context ended", err)
 	}
 }

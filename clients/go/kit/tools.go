@@ -27,8 +27,9 @@ import (
 // The input is In as encoding/json reads input_json, with integers exact
 // where In's types hold them: int64 / uint64 up to their range, *big.Int
 // and json.Number of any size, and json.Number inside any / map[string]any.
-// An input that does not decode is a tool error the model reads (it may
-// correct its call); Run is not called.
+// An input that does not decode, or lacks a member the schema requires (or
+// sets it to null), is a tool error the model reads (it may correct its call);
+// Run is not called.
 type Tool[In, Out any] struct {
 	// Name is what the model calls: 1-64 of A-Z a-z 0-9 _ -.
 	Name string
@@ -113,6 +114,9 @@ func (t Tool[In, Out]) execute(ctx context.Context, call *Call) (string, error) 
 		text = "{}"
 	}
 	input, err := exactjson.Decode[In](text)
+	if err == nil {
+		err = t.checkRequired(text)
+	}
 	if err != nil {
 		return "", toolError{fmt.Sprintf("invalid input for tool %q: %v", t.Name, err)}
 	}
@@ -135,6 +139,27 @@ func (t Tool[In, Out]) execute(ctx context.Context, call *Call) (string, error) 
 		return "", toolError{fmt.Sprintf("tool %q returned a value with no JSON form: %v", t.Name, err)}
 	}
 	return encoded, nil
+}
+
+// checkRequired reports the first member In's schema requires that the input
+// (valid JSON: it decoded) lacks or sets to null, at any depth; encoding/json
+// would leave it the zero value, which the schema told the model it must give.
+func (t Tool[In, Out]) checkRequired(text string) error {
+	schema, err := schemaOf(reflect.TypeOf((*In)(nil)).Elem())
+	if err != nil {
+		return err
+	}
+	value, err := exactjson.Decode[any](text)
+	if err != nil {
+		return err
+	}
+	if path, null := missingMember(schema, value, ""); path != "" {
+		if null {
+			return fmt.Errorf("member %q is required, not null", path)
+		}
+		return fmt.Errorf("member %q is required", path)
+	}
+	return nil
 }
 
 // Call is one call of a tool (ExecuteToolRequest): its ids and a way to send

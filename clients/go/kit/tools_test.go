@@ -60,6 +60,30 @@ var count = kit.Tool[countInput, map[string]int]{
 	},
 }
 
+type orderLine struct {
+	SKU string `json:"sku"`
+	Qty int    `json:"qty,omitempty"`
+}
+
+type orderInput struct {
+	Order struct {
+		Lines []orderLine `json:"lines"`
+	} `json:"order"`
+	Tags map[string]struct {
+		Name string `json:"name"`
+	} `json:"tags,omitempty"`
+}
+
+// order has required members at every depth: in a struct, an array's items
+// and a map's values.
+var order = kit.Tool[orderInput, map[string]int]{
+	Name:        "order",
+	Description: "Counts an order's lines.",
+	Run: func(_ context.Context, _ *kit.Call, in orderInput) (map[string]int, error) {
+		return map[string]int{"lines": len(in.Order.Lines)}, nil
+	},
+}
+
 var crash = kit.Tool[struct{}, string]{
 	Name:             "crash",
 	Description:      "Panics.",
@@ -171,9 +195,18 @@ func TestToolStreamsPreliminaryResultsInOrder(t *testing.T) {
 }
 
 func TestToolFailuresAreToolErrors(t *testing.T) {
-	client := turnwirev1.NewToolExecutorServiceClient(serve(t, nil, add, crash))
+	client := turnwirev1.NewToolExecutorServiceClient(serve(t, nil, add, crash, order))
+	// Optional members may be left out; a valid input runs.
+	messages, err := execute(t, client, &turnwirev1.ExecuteToolRequest{ToolName: "order", InputJson: `{"order":{"lines":[{"sku":"A"}]}}`})
+	if err != nil || len(messages) != 1 || messages[0].GetOutputJson() != `{"lines":1}` {
+		t.Errorf("order with its required members: %v, %v", messages, err)
+	}
 	for _, c := range []struct{ tool, input, want string }{
-		{"add", `{"a":1}`, "give both a and b"},
+		// A member the schema requires, missing or null (before the kit trial: Run got nil).
+		{"add", `{"a":1}`, `invalid input for tool "add": member "b" is required`},
+		{"add", `{"a":1,"b":null}`, `invalid input for tool "add": member "b" is required, not null`},
+		{"order", `{"order":{"lines":[{"sku":"A"},{"qty":2}]}}`, `invalid input for tool "order": member "order.lines.1.sku" is required`},
+		{"order", `{"order":{"lines":[{"sku":"A"}]},"tags":{"x":{}}}`, `invalid input for tool "order": member "tags.x.name" is required`},
 		{"add", `{"a":"one"}`, `invalid input for tool "add": math/big: cannot unmarshal "\"one\"" into a *big.Int`},
 		{"add", `{"a":1} x`, `invalid input for tool "add": data after the JSON value`},
 		{"nope", `{}`, `unknown tool "nope"`},
@@ -187,7 +220,7 @@ func TestToolFailuresAreToolErrors(t *testing.T) {
 		}
 	}
 	// A panic fails the call itself (the sidecar makes it a tool error too).
-	messages, err := execute(t, client, &turnwirev1.ExecuteToolRequest{ToolName: "crash"})
+	messages, err = execute(t, client, &turnwirev1.ExecuteToolRequest{ToolName: "crash"})
 	if status.Code(err) != codes.Internal || len(messages) != 0 {
 		t.Errorf("crash: %v, %v; want Internal and no message", messages, err)
 	}

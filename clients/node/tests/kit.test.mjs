@@ -5,6 +5,11 @@
 //
 // Run: npm test -w @turnwire/client (after npm run build -w @turnwire/client), or `make test`.
 
+import { spawn } from 'node:child_process';
+import { once } from 'node:events';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 
@@ -75,6 +80,23 @@ const TOOLS = [
     inputSchema: { type: 'object' },
     timeoutMs: 1500,
     execute: (input) => input,
+  }),
+  defineTool({
+    name: 'ship',
+    description: 'Ships order lines (required members at every depth).',
+    inputSchema: {
+      type: 'object',
+      properties: {
+        lines: {
+          type: 'array',
+          items: { type: 'object', properties: { sku: { type: 'string' } }, required: ['sku'] },
+        },
+        to: { type: 'object', properties: { city: { type: 'string' } } },
+        labels: { type: 'object', additionalProperties: { type: 'object', required: ['text'] } },
+      },
+      required: ['lines'],
+    },
+    execute: ({ lines }) => ({ lines: lines.length }),
   }),
   defineTool({
     name: 'broken',
@@ -291,7 +313,7 @@ test('ListTools answers the definitions', async () => {
   const { tools, instanceId } = await unary(toolsClient, 'ListTools', {});
   assert.deepEqual(
     tools.map((t) => t.name),
-    ['pack', 'echo', 'broken', 'wait'],
+    ['pack', 'echo', 'ship', 'broken', 'wait'],
   );
   assert.deepEqual(tools[0].inputSchema, TOOLS[0].inputSchema);
   assert.equal(tools[1].timeout.nanos, 500_000_000);
@@ -341,6 +363,21 @@ test("a tool's thrown error, an unknown tool and bad input are the call's error"
   assert.deepEqual(await execute('nope', '{}'), [['error', 'this host has no tool "nope"']]);
   const [[kind]] = await execute('echo', '{not json');
   assert.equal(kind, 'error');
+  // A member the schema requires, missing or null, at any depth: the tool does not run, as in the
+  // Python and Go kits (before the kit trial `execute` got the input without it).
+  assert.deepEqual(await execute('pack', '{}'), [
+    ['error', 'invalid input for tool "pack": member "items" is required'],
+  ]);
+  assert.deepEqual(await execute('pack', '{"items":null}'), [
+    ['error', 'invalid input for tool "pack": member "items" is required, not null'],
+  ]);
+  assert.deepEqual(await execute('ship', '{"lines":[{"sku":"A"},{}],"to":{"city":"Oslo"}}'), [
+    ['error', 'invalid input for tool "ship": member "lines.1.sku" is required'],
+  ]);
+  assert.deepEqual(await execute('ship', '{"lines":[],"to":{},"labels":{"x":{}}}'), [
+    ['error', 'invalid input for tool "ship": member "labels.x.text" is required'],
+  ]);
+  assert.deepEqual(await execute('ship', '{"lines":[{"sku":"A"}]}'), [['outputJson', '{"lines":1}']]);
 });
 
 test("cancelling the call aborts the tool's signal and nothing more is written", async () => {
@@ -357,4 +394,41 @@ test("cancelling the call aborts the tool's signal and nothing more is written",
   assert.equal(await aborted, 'AbortError');
   assert.equal((await failed).code, grpc.status.CANCELLED);
   assert.deepEqual(messages, ['"started"']);
+});
+
+test('serve on the unix socket a killed server left: serves, names it, and spares a live one', async () => {
+  // Before the fresh-user trial a restart after a crash failed with EADDRINUSE (the Python kit
+  // served), and `address` said `unix:1`.
+  const folder = await mkdtemp(join(tmpdir(), 'kit-socket-'));
+  const listen = `unix:${join(folder, 'kit.sock')}`;
+  try {
+    const killed = spawn(
+      process.execPath,
+      [
+        '-e',
+        "require('net').createServer().listen(process.argv[1], () => console.log('up'))",
+        join(folder, 'kit.sock'),
+      ],
+      { stdio: ['ignore', 'pipe', 'inherit'] },
+    );
+    await once(killed.stdout, 'data');
+    killed.kill('SIGKILL'); // leaves its socket file behind
+    await once(killed, 'exit');
+
+    const restarted = await serve({ tools: TOOLS, listen });
+    const client = new ToolsClient(listen, grpc.credentials.createInsecure());
+    try {
+      assert.equal(restarted.address, listen);
+      assert.equal(restarted.port, 0);
+      const { tools } = await unary(client, 'ListTools', {});
+      assert.equal(tools.length, TOOLS.length);
+      await assert.rejects(serve({ tools: TOOLS, listen }), /EADDRINUSE/); // live: not taken over
+      assert.equal((await unary(client, 'ListTools', {})).tools.length, TOOLS.length);
+    } finally {
+      client.close();
+      await restarted.close();
+    }
+  } finally {
+    await rm(folder, { recursive: true, force: true });
+  }
 });

@@ -81,6 +81,11 @@ HOOKS_BY_ENUM = {
 }
 """The ``Hook`` enum of GetHookSubscriptions → the chain's hook name (``OnChunks`` feeds ``on_chunk``)."""
 
+_NO_ANSWER = frozenset({"unavailable", "deadline_exceeded", "breaker_open"})
+"""Failure kinds where no answer came (the server unreachable, too slow, its breaker open): a
+closed ``before_tool_call`` says its hook "was unavailable"; any other kind (an error status, an
+unusable answer) says it "failed", so the reader looks at the hook, not the network."""
+
 MAX_TRACKED_TURNS = 10_000
 """Turns whose ``TurnInfo`` (body, continuation, attempt) is kept between ``before_turn`` and
 ``on_chat_response``; past it the oldest is forgotten (a turn that never reached
@@ -407,7 +412,9 @@ class RemoteMiddleware(SessionCalls, Middleware):
             return None
 
     async def before_tool_call(self, ctx: ToolCallContext) -> ToolCallDecision | None:
-        """``BeforeToolCall``; failing closed blocks the call, saying the policy hook was unavailable."""
+        """``BeforeToolCall``; failing closed blocks the call, saying whether the policy hook was
+        unavailable (unreachable, past its deadline, its breaker open) or failed (it answered an
+        error or something unusable): docs/semantics.md §4, "Remote middleware"."""
         if "before_tool_call" not in self.subscribed:
             return None
         request = convert.before_tool_call_request(ctx, self._info(ctx.conversation_id, ctx.request_id))
@@ -418,8 +425,9 @@ class RemoteMiddleware(SessionCalls, Middleware):
         except HookCallFailed as failure:
             if self.settings.failure_mode.of("before_tool_call") == "closed":
                 self._failed_open("before_tool_call", failure, mode="closed (the call is blocked)")
+                what = "was unavailable" if failure.kind in _NO_ANSWER else "failed"
                 return ToolCallDecision.block(
-                    f'Tool "{ctx.tool_name}" was blocked: its policy hook ({self.name}) was unavailable.'
+                    f'Tool "{ctx.tool_name}" was blocked: its policy hook ({self.name}) {what}.'
                 )
             self._failed_open("before_tool_call", failure)
             return None

@@ -174,7 +174,14 @@ async function execute(
       metadata: call.metadata,
       inputJson: request.inputJson,
     };
-    const result = tool.execute(parseKitJson(request.inputJson || '{}'), context);
+    const input = parseKitJson(request.inputJson || '{}');
+    const missing = missingMember(tool.inputSchema, input, '');
+    if (missing) {
+      const [path, isNull] = missing;
+      const what = isNull ? 'is required, not null' : 'is required';
+      throw new Error(`invalid input for tool ${JSON.stringify(tool.name)}: member "${path}" ${what}`);
+    }
+    const result = tool.execute(input, context);
     let final: unknown;
     if (isAsyncGenerator(result)) {
       for (;;) {
@@ -208,4 +215,37 @@ function isAsyncGenerator(value: unknown): value is AsyncGenerator<unknown, unkn
 function errorText(error: unknown): string {
   if (error instanceof Error) return error.message || error.name;
   return String(error);
+}
+
+/**
+ * The dotted path of the first member `schema` requires (its `required`, at any depth through
+ * `properties`, `additionalProperties` and `items`) that `value` leaves out or sets to null, and
+ * whether it was null; undefined when none is. Only presence is checked, not types: the model
+ * was told the member is required, as the Python and Go kits enforce it.
+ */
+function missingMember(schema: unknown, value: unknown, prefix: string): [string, boolean] | undefined {
+  if (typeof schema !== 'object' || schema === null || typeof value !== 'object' || value === null) {
+    return undefined;
+  }
+  const { required, properties, additionalProperties, items } = schema as Record<string, unknown>;
+  if (Array.isArray(value)) {
+    for (const [index, item] of value.entries()) {
+      const missing = missingMember(items, item, `${prefix}${index}.`);
+      if (missing) return missing;
+    }
+    return undefined;
+  }
+  const members = value as Record<string, unknown>;
+  for (const name of Array.isArray(required) ? required : []) {
+    if (typeof name !== 'string') continue;
+    if (!Object.hasOwn(members, name) || members[name] === null) {
+      return [prefix + name, Object.hasOwn(members, name)];
+    }
+  }
+  for (const name of Object.keys(members).sort()) {
+    const declared = (properties as Record<string, unknown> | undefined)?.[name];
+    const missing = missingMember(declared ?? additionalProperties, members[name], `${prefix}${name}.`);
+    if (missing) return missing;
+  }
+  return undefined;
 }
