@@ -24,7 +24,7 @@ from turnwire_server.engine.cost import PriceBook
 from turnwire_server.engine.fallback import Fallbacks
 from turnwire_server.engine.store_outage import until_stored
 from turnwire_server.engine.tracing import TRACING_OFF, Tracing
-from turnwire_server.hooks.chain import MiddlewareChain
+from turnwire_server.hooks.chain import MiddlewareChain, session_failure
 from turnwire_server.importing import import_object
 from turnwire_server.listen_check import ListenAddressError, check_listen_address
 from turnwire_server.providers.registry import ProviderRegistry, UnknownModel
@@ -373,7 +373,7 @@ async def configure_session(
             )
         )
     except Exception as error:
-        raise StartupError(f"configure_session failed: {error}") from error
+        raise StartupError(session_failure(error)) from error
     summary_model = getattr(session.compaction.strategy, "model", None) if session.compaction else None
     if summary_model is not None:
         try:

@@ -16,6 +16,7 @@ from turnwire.tools import Tool
 from turnwire_server.config import MiddlewareEntry, Settings
 from turnwire_server.engine.detached_subagents import DetachedResults
 from turnwire_server.engine.subagents import Subagent, Subagents
+from turnwire_server.hooks.chain import session_failure
 from turnwire_server.providers.json_schema import object_schema_problem
 from turnwire_server.providers.registry import ProviderRegistry, UnknownModel
 
@@ -86,6 +87,6 @@ async def build_subagents(
                 )
             )
         except Exception as error:
-            raise SubagentConfigError(f"{where}: configure_session failed: {error}") from error
+            raise SubagentConfigError(f"{where}: {session_failure(error)}") from error
         built.append(subagent)
     return Subagents(built, tools, detached)

@@ -62,6 +62,13 @@ _Ctx = TypeVar("_Ctx", TurnContext, StepContext)
 _Update = TypeVar("_Update", TurnConfig, StepConfig)
 
 
+def session_failure(error: BaseException) -> str:
+    """What start-up says of a ``configure_session`` that raised ``error``: a :class:`HookError`'s
+    message names the middleware and the hook already (``policy.configure_session failed: …``);
+    anything else (the chain's own check of the answer) gets that prefix."""
+    return str(error) if isinstance(error, HookError) else f"configure_session failed: {error}"
+
+
 class HookError(DomainError):
     """A hook raised where the error ends the turn or the call (``before_turn``, ``before_step``,
     ``before_tool_call``, ``configure_session``): ``INTERNAL``, reason ``HOOK_FAILED``.
