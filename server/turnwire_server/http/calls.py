@@ -144,10 +144,20 @@ class _CallDetails(NamedTuple):
     door_checks: DoorChecks | None = None
 
 
+def peer_of(host: str | None, port: int | str | None) -> str:
+    """An HTTP client's address as gRPC names a peer (``context.peer()``): ``ipv4:HOST:PORT``,
+    ``ipv6:[HOST]:PORT`` for an IPv6 host (a host with a colon), ``"unknown"`` without a host (a
+    unix socket's client)."""
+    if not host:
+        return "unknown"
+    return f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
+
+
 @dataclass(frozen=True, slots=True)
 class DoorCallInfo:
     """What a door knows of one HTTP request: its ``metadata`` (:func:`metadata_of`), the
-    ``peer`` (``ipv4:ADDRESS:PORT`` as gRPC writes it, or ``"unknown"``), its ``deadline``
+    ``peer`` (:func:`peer_of`: ``ipv4:ADDRESS:PORT`` or ``ipv6:[ADDRESS]:PORT`` as gRPC writes it,
+    or ``"unknown"``), its ``deadline``
     (``time.monotonic()`` seconds; None: none) and ``checks``, what was checked of it already
     (:mod:`turnwire_server.api.door_checks`: its token once verified, its body's nesting once
     bounded). Make every call of one request with the same object, so its token is verified once."""
@@ -430,4 +440,5 @@ __all__ = [
     "Metadata",
     "MethodTable",
     "metadata_of",
+    "peer_of",
 ]

@@ -40,7 +40,7 @@ from google.protobuf.message import DecodeError, Message
 from google.rpc import error_details_pb2
 from protobuf.wkt import Any as WireAny
 
-from turnwire_server.http.calls import CallEnded, DoorCallInfo, InProcessCalls, metadata_of
+from turnwire_server.http.calls import CallEnded, DoorCallInfo, InProcessCalls, metadata_of, peer_of
 
 log = logging.getLogger("turnwire.http")
 
@@ -132,8 +132,9 @@ def _call_info(ctx: RequestContext[Any, Any]) -> DoorCallInfo:
         return found
     remaining = ctx.timeout_ms
     deadline = None if remaining is None else time.monotonic() + remaining / 1000
-    address = ctx.client_address
-    peer = f"ipv4:{address}" if address else "unknown"
+    address = ctx.client_address  # connectrpc's "HOST:PORT", an IPv6 host unbracketed
+    host, _, port = (address or "").rpartition(":")
+    peer = peer_of(host, port)
     call = DoorCallInfo(metadata_of(ctx.request_headers.allitems(), event_batches=True), peer, deadline)
     _CALL_INFOS[ctx] = call
     return call

@@ -17,7 +17,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse, Response
 
 from turnwire_server.api.rpc_logging import Throttled
-from turnwire_server.http.calls import CallEnded, DoorCallInfo, InProcessCalls, metadata_of
+from turnwire_server.http.calls import CallEnded, DoorCallInfo, InProcessCalls, metadata_of, peer_of
 from turnwire_server.http.openai_errors import ended_response, error_response
 
 _SERVICE = "/turnwire.v1.ChatService/"
@@ -30,7 +30,7 @@ does not serve (``HEAD`` comes with ``GET``; ``OPTIONS`` is CORS's)."""
 def call_info(request: Request) -> DoorCallInfo:
     """The :class:`DoorCallInfo` of an HTTP request: its headers as metadata, its peer."""
     client = request.client
-    peer = f"ipv4:{client.host}:{client.port}" if client else "unknown"
+    peer = peer_of(client.host, client.port) if client else "unknown"
     return DoorCallInfo(metadata_of(request.headers.items()), peer)
 
 
