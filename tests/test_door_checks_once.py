@@ -19,8 +19,8 @@ from typing import Any
 import grpc
 import httpx2 as httpx
 import pytest
-from google.protobuf import json_format
 from prometheus_client import REGISTRY
+from support.event_logs import turn_events
 from support.sidecar import free_port
 
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc
@@ -58,13 +58,7 @@ def _events(request: Any) -> list[Any]:
         {"step_finish": {"usage": {"input_tokens": 1, "output_tokens": 1}}},
         {"turn_end": {"status": "TURN_STATUS_COMPLETED"}},
     ]
-    ids = {"conversation_id": request.conversation_id or "c", "request_id": request.request_id or "r"}
-    return [
-        json_format.ParseDict(
-            {**ids, "sequence_number": number, **kind}, chat_service_pb2.ChatResponse().event
-        )
-        for number, kind in enumerate(kinds, 1)
-    ]
+    return turn_events(kinds, request.conversation_id or "c", request.request_id or "r")
 
 
 class _Servicer(chat_service_pb2_grpc.ChatServiceServicer):

@@ -10,8 +10,10 @@ from google.protobuf import json_format
 from turnwire_client.v1 import event_pb2
 
 
-def turn_events(kinds: list[dict[str, Any]], conversation_id: str = "c") -> list[event_pb2.TurnEvent]:
-    """``TurnEvent`` s of ``conversation_id``, request ``r1``, from their oneof fields as dicts
+def turn_events(
+    kinds: list[dict[str, Any]], conversation_id: str = "c", request_id: str = "r1"
+) -> list[event_pb2.TurnEvent]:
+    """``TurnEvent`` s of ``conversation_id``, request ``request_id``, from their oneof fields as dicts
     (``{"text_delta": {"id": "t", "delta": "hi"}}``), numbered 1, 2 … as the engine numbers them;
     a ``progress`` keepalive gets sequence number 0."""
     events, number = [], 0
@@ -20,7 +22,7 @@ def turn_events(kinds: list[dict[str, Any]], conversation_id: str = "c") -> list
         number += 0 if keepalive else 1
         value = {
             "conversation_id": conversation_id,
-            "request_id": "r1",
+            "request_id": request_id,
             "sequence_number": 0 if keepalive else number,
             **kind,
         }

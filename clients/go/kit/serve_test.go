@@ -23,13 +23,7 @@ func TestServeUntilTheContextEnds(t *testing.T) {
 	served := make(chan error, 1)
 	go func() { served <- kit.Serve(ctx, "unix:"+socket, nil, add) }()
 
-	// Serve may not listen yet: retry the connection soon, not after gRPC's 1 s.
-	retry := grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1, MaxDelay: 20 * time.Millisecond}}
-	conn, err := grpc.DialContext(testContext(t), "unix:"+socket, grpc.WithInsecure(), grpc.WithConnectParams(retry))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := dialSocket(t, socket)
 	listed, err := turnwirev1.NewToolExecutorServiceClient(conn).ListTools(testContext(t), &turnwirev1.ListToolsRequest{}, grpc.WaitForReady(true))
 	if err != nil || len(listed.GetTools()) != 1 {
 		t.Fatalf("ListTools: %v, %v", listed, err)
@@ -38,6 +32,19 @@ func TestServeUntilTheContextEnds(t *testing.T) {
 	if err := wait(t, served, "Serve's return"); err != nil {
 		t.Fatalf("Serve returned %v; want nil after its context ended", err)
 	}
+}
+
+// dialSocket connects to the kit served on the unix socket, retrying soon (not
+// after gRPC's 1 s) while Serve may not listen yet; closed when the test ends.
+func dialSocket(t *testing.T, socket string) *grpc.ClientConn {
+	t.Helper()
+	retry := grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1, MaxDelay: 20 * time.Millisecond}}
+	conn, err := grpc.DialContext(testContext(t), "unix:"+socket, grpc.WithInsecure(), grpc.WithConnectParams(retry))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
 }
 
 func TestServeReportsWhatCannotServe(t *testing.T) {
@@ -66,12 +73,7 @@ func TestServeOnTheSocketACrashedServerLeft(t *testing.T) {
 	defer cancel()
 	served := make(chan error, 1)
 	go func() { served <- kit.Serve(ctx, "unix:"+socket, nil, add) }()
-	retry := grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1, MaxDelay: 20 * time.Millisecond}}
-	conn, err := grpc.DialContext(testContext(t), "unix:"+socket, grpc.WithInsecure(), grpc.WithConnectParams(retry))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := dialSocket(t, socket)
 	listCtx, listed := context.WithTimeout(testContext(t), 10*time.Second)
 	defer listed()
 	if _, err := turnwirev1.NewToolExecutorServiceClient(conn).ListTools(listCtx, &turnwirev1.ListToolsRequest{}, grpc.WaitForReady(true)); err != nil {
