@@ -36,8 +36,8 @@ NOT_DOMAIN_ERRORS = {
     # (fail-open, or HOOK_FAILED when closed) before anything leaves the middleware.
     "turnwire_server.remote_hooks.session.CallFailed",
     "turnwire_server.remote_hooks.session.SessionBroken",
-    "turnwire_server.remote_hooks.session_calls.HookCallFailed",
-    "turnwire_server.remote_hooks.session_calls.ResendUnary",
+    "turnwire_server.remote_hooks.calls.HookCallFailed",
+    "turnwire_server.remote_hooks.calls.ResendUnary",
     # The HTTP listener's carrier of a status the servicer already chose (mapped from a domain error).
     "turnwire_server.http.calls.CallEnded",
     # The HTTP doors' refusal of a body (OpenAI, AG-UI, AI SDK): a 400 in the door's error shape, no status.

@@ -7,17 +7,19 @@ middleware), plus what only the stream does.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
+import grpc
 import pytest
 from support.engine_harness import MODEL, EngineFactory, collect, end_of
-from support.hook_server import RecordingHookServer, serving, sleep_forever
+from support.hook_server import RecordingHookServer, abort, serving, sleep_forever
 from support.traces import memory_tracing, traceparent_of
 from support.waiting import wait_until
 from test_remote_hooks import *  # noqa: F403  # every test of the unary path, collected again here
 from test_remote_hooks import PARENT, RemoteEngine, counters_from_here, metric  # noqa: F401 (a fixture)
 
 from turnwire.hooks import SessionContext
-from turnwire_client.v1 import event_pb2
+from turnwire_client.v1 import event_pb2, hooks_pb2
 from turnwire_server.remote_hooks import RemoteMiddleware
 from turnwire_server.remote_hooks.settings import RemoteHookSettings
 
@@ -87,20 +89,19 @@ async def test_a_stuck_observer_fails_open_and_the_calls_behind_it_go_unary(
     remote_engine: RemoteEngine,
 ) -> None:
     # The server answers a stream's calls in order: an OnStepFinish that never answers holds the
-    # BeforeStep sent after it. At OnStepFinish's deadline the stream is given up, and BeforeStep
-    # (not yet taken by the server) is made as a unary RPC: the turn goes on as on the unary path.
+    # BeforeStep sent after it. At OnStepFinish's deadline the stream is given up; BeforeStep, not
+    # taken by the server, is made as a unary RPC with what remains of its own deadline (little
+    # here: whether it still gets an answer is a race, test_remote_hooks_deadlines.py pins the
+    # failure), and the turn's later calls are unary RPCs.
     server = RecordingHookServer()
     server.answers["OnStepFinish"] = sleep_forever
     async with serving(server) as address:
-        harness, _ = await remote_engine(address, deadline_seconds=0.3, failure_mode="closed")
+        harness, _ = await remote_engine(address, deadline_seconds=0.3, failure_mode="open")
         end = end_of(await harness.run("go", request_id="r-stuck"))
     assert end.status == event_pb2.TURN_STATUS_COMPLETED
-    assert [(c.rpc, c.stream) for c in server.calls if c.rpc in ("BeforeStep", "OnStepFinish")] == [
-        ("BeforeStep", True),
-        ("OnStepFinish", True),
-        ("BeforeStep", False),
-        ("OnStepFinish", False),
-    ]
+    calls = [(c.rpc, c.stream) for c in server.calls if c.rpc in ("BeforeStep", "OnStepFinish")]
+    assert [call for call in calls if call[1]] == [("BeforeStep", True), ("OnStepFinish", True)]
+    assert calls[-1] == ("OnStepFinish", False)
     assert (
         metric(
             "turnwire_remote_hook_errors_total",
@@ -110,12 +111,37 @@ async def test_a_stuck_observer_fails_open_and_the_calls_behind_it_go_unary(
         )
         == 2
     )
-    assert (
-        metric(
-            "turnwire_remote_hook_errors_total", server=address, hook="before_step", kind="deadline_exceeded"
+
+
+async def test_failing_observing_hooks_never_fail_a_turn(  # type: ignore[no-redef]  # the stream's own
+    hooks: tuple[RecordingHookServer, str], remote_engine: RemoteEngine
+) -> None:
+    # The unary path's test (test_remote_hooks.py) with the stuck OnStepFinish the last step's:
+    # on a stream the calls behind a stuck call wait on it within their own deadlines, so a
+    # BeforeStep behind step 0's would get a closed failure mode's outcome (docs/semantics.md §4,
+    # "Deadlines"); OnChatResponse behind step 1's is an observer and fails open.
+    server, address = hooks
+    server.answers["AfterToolCall"] = abort(grpc.StatusCode.INTERNAL, "observer broke")
+
+    async def last_step_hangs(request: Any, context: Any) -> Any:
+        if request.step.step_number == 1:
+            await sleep_forever(request, context)
+        return hooks_pb2.OnStepFinishResponse()
+
+    server.answers["OnStepFinish"] = last_step_hangs
+    server.garbage.add("OnChatResponse")
+    harness, _ = await remote_engine(address, deadline_seconds=0.3, failure_mode="closed")
+    end = end_of(await harness.run("go"))
+    assert end.status == event_pb2.TURN_STATUS_COMPLETED
+    assert server.count("OnStepFinish") == 2
+    errors = {
+        hook: sum(
+            metric("turnwire_remote_hook_errors_total", server=address, hook=hook, kind=kind)
+            for kind in ("internal", "deadline_exceeded", "invalid_response")
         )
-        == 0
-    )
+        for hook in ("after_tool_call", "on_step_finish", "on_chat_response")
+    }
+    assert errors == {"after_tool_call": 1, "on_step_finish": 1, "on_chat_response": 1}
 
 
 async def test_hook_session_false_keeps_unary_rpcs_for_a_server_that_offers_the_stream(

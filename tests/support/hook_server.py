@@ -6,9 +6,10 @@ call is recorded server-side (:attr:`RecordingHookServer.calls`; the process als
 JSON line per call to ``--record``), so tests count RPCs where they arrive.
 
 Answers: ``server.answers["BeforeToolCall"] = fn`` where ``fn(request, context)`` returns (or
-awaits to) the response; :func:`sleep_forever` never answers (a deadline test), :func:`abort`
-fails with a status. ``server.garbage`` names RPCs answered with bytes that are no protobuf
-message at all (the client cannot decode them).
+awaits to) the response (``OnChunks``: called with the list of requests once they all came);
+:func:`sleep_forever` never answers (a deadline test), :func:`abort` fails with a status.
+``server.garbage`` names RPCs answered with bytes that are no protobuf message at all (the client
+cannot decode them).
 
 ``hook_session=True`` offers the ``HookSession`` stream (docs/semantics.md §4): its requests are
 recorded and answered by the same methods as the unary RPCs, in order, one at a time.
@@ -151,6 +152,10 @@ class RecordingHookServer(hooks_pb2_grpc.TurnHooksServiceServicer):
             call.request.append(request)
         # Recorded again at its end, so the order of calls shows when the stream was closed.
         self.calls.append(Call("OnChunks:end", call.request, call.metadata))
+        answer = self.answers.get("OnChunks")  # after the requests: the call's answer
+        if answer is not None:
+            result = answer(call.request, context)
+            return await result if inspect.isawaitable(result) else result
         return hooks_pb2.OnChunksResponse()
 
     async def OnChatResponse(self, request: Any, context: Any) -> Any:

@@ -24,7 +24,8 @@ ERRORS = Counter(
 
 CALL_DURATION = Histogram(
     "turnwire_remote_hook_call_duration_seconds",
-    "Wall time of remote hook RPCs in seconds, failed ones included.",
+    "Wall time of remote hook calls in seconds, from when the turn asked for each (its wait behind "
+    "earlier calls included), failed ones included.",
     ["server", "hook"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
 )

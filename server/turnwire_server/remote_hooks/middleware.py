@@ -5,8 +5,13 @@ docs/semantics.md §4 (remote middleware). At ``configure_session`` it asks the 
 (:meth:`RemoteMiddleware.implemented_hooks`), so an unsubscribed hook costs nothing. Each hook
 call converts the context to a request snapshot (:mod:`.convert`), carries the metadata
 ``turnwire-parent-request-id: <request id>`` (a hook calling back into the sidecar meets the
-nesting rule, §5) and a deadline (``deadline_seconds``). A failed call (an RPC error, the
-deadline, an answer that cannot be used, or the open breaker) gets its hook's failure mode:
+nesting rule, §5) and a deadline: ``deadline_seconds`` in all from when the turn asked for it,
+on whatever path it takes (a unary RPC, a ``HookSession`` message and its wait behind earlier
+ones, the unary resend of a message the stream gave up, which gets what remains and fails at
+once when nothing does); the turn's end (``on_chat_response``: the ``OnChunks`` close, then
+``OnChatResponse``) waits one deadline in all (§4, "Deadlines"). A failed call (an RPC error,
+the deadline, an answer that cannot be used, or the open breaker) gets its hook's failure mode,
+counted once in the metrics and the breaker:
 
 * fail-open (every observing hook, and deciding hooks configured ``open``): logged on the
   ``turnwire.middleware`` logger, counted in the metrics, and the hook behaves as if it answered
@@ -58,10 +63,10 @@ from turnwire_client.metadata import PARENT_REQUEST_METADATA
 from turnwire_client.v1 import error_reason_pb2, hooks_pb2, hooks_pb2_grpc
 from turnwire_server.remote_hooks import convert, metrics
 from turnwire_server.remote_hooks.breaker import BreakerState, CircuitBreaker
+from turnwire_server.remote_hooks.calls import HookCallFailed, HookCalls, ResendUnary, read_nothing
 from turnwire_server.remote_hooks.channel import channel_for
 from turnwire_server.remote_hooks.chunks import ChunkStream, chunk_event
 from turnwire_server.remote_hooks.session import HookSession, TurnSessions
-from turnwire_server.remote_hooks.session_calls import HookCallFailed, ResendUnary, SessionCalls
 from turnwire_server.remote_hooks.settings import RemoteHookSettings
 
 log = logging.getLogger("turnwire.middleware")
@@ -105,7 +110,7 @@ class RemoteHookUnavailable(DomainError):
     retryable = True
 
 
-class RemoteMiddleware(SessionCalls, Middleware):
+class RemoteMiddleware(HookCalls, Middleware):
     """One remote hook server in the chain (see the module docstring).
 
     ``settings`` is the config entry's ``remote`` section. :attr:`subscribed` is the set of
@@ -292,57 +297,36 @@ class RemoteMiddleware(SessionCalls, Middleware):
         read: Callable[[Any], _T],
         *,
         post: bool = False,
+        deadline: float | None = None,
     ) -> _T:
         """Send ``request`` with ``rpc`` and return ``read(response)``. Raises :class:`HookCallFailed`
-        (counted, and fed to the breaker) for an open breaker, an RPC error, an answer that does not
-        decode or cannot be used, or any other error of the call. ``post`` (an observing hook): on
-        a ``HookSession`` return None at once; the answer is accounted for when it comes."""
+        (counted, and fed to the breaker, once per call) for an open breaker, an RPC error, the
+        deadline, an answer that does not decode or cannot be used, or any other error of the
+        call. ``deadline`` (a ``time.monotonic()`` value; default ``deadline_seconds`` from now)
+        bounds the call on whatever path it takes, the time it waits behind earlier calls of its
+        ``HookSession`` included (docs/semantics.md §4, "Deadlines"). ``post`` (an observing
+        hook): on a ``HookSession`` return None at once; the answer is accounted for when it
+        comes."""
+        if deadline is None:
+            deadline = time.monotonic() + self.settings.deadline_seconds
         if not self.breaker.allow():
             metrics.ERRORS.labels(self.server, hook, "breaker_open").inc()
             raise HookCallFailed("breaker_open", f"the circuit breaker of {self.server} is open")
         assert self._stub is not None, "configure_session was not run"
-        calls, duration = self._metrics(hook)
-        calls.inc()
+        self._metrics(hook)[0].inc()
         started = time.perf_counter()
         session = self._sessions.get(request_id, hook, self._open_session) if self.hook_session else None
         if session is not None:
             try:
                 return await self._session_call(
-                    session, hook, rpc, request, request_id=request_id, read=read, post=post, started=started
-                )
+                    session, hook, rpc, request,
+                    request_id=request_id, read=read, post=post, started=started, deadline=deadline,
+                )  # fmt: skip
             except ResendUnary:
                 # An earlier call's deadline passed before the server took this one (it answers in
-                # order): this call as the unary RPC, with its own deadline, as if never queued.
-                started = time.perf_counter()
-        try:
-            response = await getattr(self._stub, rpc)(
-                request, timeout=self.settings.deadline_seconds, metadata=self._metadata(request_id)
-            )
-            if response is None:
-                # grpc.aio logs a response that does not decode and hands back None.
-                raise convert.InvalidResponse("the response is not a decodable protobuf message")
-            result = read(response)
-        except grpc.aio.AioRpcError as error:
-            self.breaker.failed()
-            kind = error.code().name.lower()
-            metrics.ERRORS.labels(self.server, hook, kind).inc()
-            raise HookCallFailed(kind, f"{rpc} failed: {error.code().name}: {error.details()}") from None
-        except convert.InvalidResponse as error:
-            self.breaker.failed()
-            metrics.ERRORS.labels(self.server, hook, "invalid_response").inc()
-            raise HookCallFailed("invalid_response", f"{rpc} answered something unusable: {error}") from None
-        except asyncio.CancelledError:
-            self.breaker.released()  # the turn was cancelled: no outcome to count
-            raise
-        except Exception as error:
-            # Anything else the call or the conversion raised: a failed call all the same.
-            self.breaker.failed()
-            metrics.ERRORS.labels(self.server, hook, "internal").inc()
-            raise HookCallFailed("internal", f"{rpc} failed: {type(error).__name__}: {error}") from error
-        finally:
-            duration.observe(time.perf_counter() - started)
-        self.breaker.succeeded()
-        return result
+                # order): this call as the unary RPC, with what remains of its own deadline.
+                pass
+        return await self._unary(hook, rpc, request, request_id, read, started=started, deadline=deadline)
 
     def _failed_open(self, hook: str, failure: HookCallFailed, *, mode: str = "open") -> None:
         # While the breaker is open every turn would log the same thing: the open is logged once.
@@ -435,10 +419,17 @@ class RemoteMiddleware(SessionCalls, Middleware):
     # --- observing hooks (always fail open) -------------------------------------------------
 
     async def _observe(
-        self, hook: str, rpc: str, request: Any, request_id: str, *, post: bool = False
+        self,
+        hook: str,
+        rpc: str,
+        request: Any,
+        request_id: str,
+        *,
+        post: bool = False,
+        deadline: float | None = None,
     ) -> None:
         try:
-            await self._call(hook, rpc, request, request_id, _nothing, post=post)
+            await self._call(hook, rpc, request, request_id, read_nothing, post=post, deadline=deadline)
         except HookCallFailed as failure:
             self._failed_open(hook, failure)
 
@@ -514,18 +505,25 @@ class RemoteMiddleware(SessionCalls, Middleware):
 
     async def on_chat_response(self, ctx: ChatResponseContext) -> None:
         """Close the turn's ``OnChunks`` call (so every chunk batch is sent first), then
-        ``OnChatResponse`` when subscribed; forget the turn."""
+        ``OnChatResponse`` when subscribed, then end the turn's ``HookSession`` (its posted calls
+        answered); forget the turn. All of it within one ``deadline_seconds`` from now: the
+        turn's ``TurnEnd`` waits for it (docs/semantics.md §2 finish, §4 "Deadlines"), so what
+        the ``OnChunks`` close takes is not left to ``OnChatResponse``, which fails at once
+        (``deadline_exceeded``, no RPC) when nothing is left."""
+        deadline = time.monotonic() + self.settings.deadline_seconds
         if self._streams:
             stream = self._streams.pop(ctx.request_id, None)
             if stream is not None:
-                await stream.close()
+                await stream.close()  # its answer waited for deadline_seconds at most
         info = self._turns.pop(ctx.request_id, None) or convert.turn_info(
             ctx.conversation_id, ctx.request_id, continuation=ctx.continuation
         )
         if "on_chat_response" in self.subscribed:
             request = convert.chat_response_request(ctx, info)
-            await self._observe("on_chat_response", "OnChatResponse", request, ctx.request_id)
-        await self._sessions.close(ctx.request_id)
+            await self._observe(
+                "on_chat_response", "OnChatResponse", request, ctx.request_id, deadline=deadline
+            )
+        await self._sessions.close(ctx.request_id, wait_seconds=deadline - time.monotonic())
 
     async def classify_chat_error(self, ctx: ChatErrorContext) -> ChatErrorClassification | None:
         """``ClassifyChatError``; a failure counts as no classification."""
@@ -545,6 +543,7 @@ class RemoteMiddleware(SessionCalls, Middleware):
         turn's ``HookSession`` (a later ``on_chat_response`` of the turn is a unary RPC)."""
         if "on_chat_error" not in self.subscribed:
             return ctx.error
+        deadline = time.monotonic() + self.settings.deadline_seconds  # the call and the stream's end
         request = hooks_pb2.OnChatErrorRequest(failure=self._failure(ctx))
         try:
             return await self._call(
@@ -553,16 +552,13 @@ class RemoteMiddleware(SessionCalls, Middleware):
                 request,
                 ctx.request_id,
                 lambda response: convert.surfaced_error(response, ctx.error),
+                deadline=deadline,
             )
         except HookCallFailed as failure:
             self._failed_open("on_chat_error", failure)
             return ctx.error
         finally:
-            await self._sessions.close(ctx.request_id)
-
-
-def _nothing(response: Any) -> None:
-    return None
+            await self._sessions.close(ctx.request_id, wait_seconds=deadline - time.monotonic())
 
 
 _NO_TRACE: dict[str, str] = {}

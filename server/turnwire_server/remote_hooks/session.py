@@ -181,13 +181,14 @@ class HookSession:
                 self.break_(self.broken.error if self.broken else error)
 
     def expire_after(self, call_id: int, future: asyncio.Future[Any], seconds: float) -> asyncio.TimerHandle:
-        """After ``seconds`` an unanswered call ``call_id`` breaks the session (a deadline, as the
-        unary RPC's): its pending calls fail with a ``TimeoutError`` cause naming ``call_id``;
-        the later ones were not handled yet (the server answers in order)."""
+        """After ``seconds`` (what remains of the call's deadline) an unanswered call ``call_id``
+        breaks the session (a deadline, as the unary RPC's): its pending calls fail with a
+        ``TimeoutError`` cause naming ``call_id``; the later ones were not handled yet (the
+        server answers in order)."""
 
         def expire() -> None:
             if not future.done():
-                self.break_(TimeoutError(f"no answer within the deadline ({seconds:g} s)"), call_id)
+                self.break_(TimeoutError("no answer within its deadline"), call_id)
 
         return self._loop.call_later(seconds, expire)
 
@@ -208,17 +209,19 @@ class HookSession:
         if not self._reader.done() and self._reader is not asyncio.current_task():
             self._reader.cancel()
 
-    async def close(self, seconds: float) -> None:
-        """Send the calls held and wait (at most ``seconds``) for the answers still due; then
-        half-close the stream in the background (the turn does not wait for it), the reader
-        taking the server's end of the stream (given up after ``seconds``)."""
+    async def close(self, seconds: float, *, wait_seconds: float | None = None) -> None:
+        """Send the calls held and wait (at most ``wait_seconds``, default ``seconds``) for the
+        answers still due; then half-close the stream in the background (the turn does not wait
+        for it), the reader taking the server's end of the stream (given up after ``seconds``)."""
         self._flush()
         if self.broken is not None:
             return
         if self._pending:
             # Observing calls not answered yet (no OnChatResponse waited for them): the turn ends
-            # once the server has taken them, as on the unary path.
-            await asyncio.wait([future for _, future in self._pending.values()], timeout=seconds)
+            # once the server has taken them, as on the unary path; each call's own deadline
+            # breaks the stream sooner when the server does not answer.
+            wait = seconds if wait_seconds is None else max(wait_seconds, 0.0)
+            await asyncio.wait([future for _, future in self._pending.values()], timeout=wait)
         if self.broken is None:
             self._spawn(self._half_close(seconds))
 
@@ -325,12 +328,13 @@ class TurnSessions:
         if self._by_turn.get(request_id) is not None:
             self._by_turn[request_id] = None
 
-    async def close(self, request_id: str) -> None:
-        """End the turn's stream (after its last call), if it has one."""
+    async def close(self, request_id: str, *, wait_seconds: float | None = None) -> None:
+        """End the turn's stream (after its last call), if it has one, waiting at most
+        ``wait_seconds`` (default the deadline) for the answers still due."""
         if self._by_turn:
             session = self._by_turn.pop(request_id, None)
             if session is not None:
-                await session.close(self._deadline)
+                await session.close(self._deadline, wait_seconds=wait_seconds)
 
     def break_all(self) -> None:
         """The sidecar stops: cancel every stream."""
