@@ -51,6 +51,8 @@ round, so no arm always follows the same one), and a table of the rounds' paired
 (admitted - base): an A/B that a loaded machine's drift between two runs would hide. The rest of the
 request (the turn's writes, the estimate, the engine) is this checkout's.
 
+``--stores sqlite`` (or ``postgres``) measures one store only (both are opened either way).
+
 ``--ledger`` adds a table of where each arm's CPU goes on SQLite, by thread: the event loop's (the
 engine's budget code, the programs' hand-off), the writer's commits (the charge programs' Python,
 their statements, the commit), the other threads' (the reader's: the admission check's read; the
@@ -225,16 +227,18 @@ async def _turn(
     user.parts.add().text.text = "q"
     first = None
     charged_at = dt.datetime.now(dt.UTC)
+    # Every arm's: the engine has a turn's request whether or not budgets are on (before stop 69
+    # only the admitted arm built it, ~5 µs of CPU counted as the budgets').
+    asked = TurnRequest(
+        conversation_id=turn.conversation_id,
+        request_id=turn.request_id,
+        messages=[user],
+        body={},
+        model=MODEL,
+        continuation=False,
+        response_type=object,
+    )
     if arm == "admitted":
-        asked = TurnRequest(
-            conversation_id=turn.conversation_id,
-            request_id=turn.request_id,
-            messages=[user],
-            body={},
-            model=MODEL,
-            continuation=False,
-            response_type=object,
-        )
         first = admission_charge(budgets, ESTIMATES, asked, turn.lease, rates=RATES, now=charged_at)
     refuse: tuple[BudgetLimits, ...] = ()
     if arm != "off" and read_check:  # the engine's check on a busy conversation (a read, no lock)
@@ -400,6 +404,11 @@ async def main() -> None:
         help="the budgets configured, comma-separated (turn, conversation, tenant: its day)",
     )
     parser.add_argument(
+        "--stores",
+        default="sqlite,postgres",
+        help="the stores measured, comma-separated (sqlite, postgres; both opened either way)",
+    )
+    parser.add_argument(
         "--ledger",
         action="store_true",
         help="also print where each arm's CPU goes on SQLite, by thread (loop, writer, other)",
@@ -412,6 +421,10 @@ async def main() -> None:
     if unknown or not scopes:
         parser.error(f"--scopes: name one or more of {', '.join(SCOPES)} (got {args.scopes!r})")
     budgets = BudgetSettings.model_validate({s: SCOPES[s] for s in scopes})
+    measured = {s.strip().lower() for s in args.stores.split(",") if s.strip()}
+    if not measured or measured - {"sqlite", "postgres"}:
+        parser.error(f"--stores: name sqlite, postgres or both (got {args.stores!r})")
+    names = tuple(name for name in ("SQLite", "PostgreSQL") if name.lower() in measured)
     arms = (*ARMS, "base") if args.base else ARMS
     # arm -> the arm _turn runs, the charge program the store's writes call, its request ids'
     # offset, whether it checks the budgets by a read of its own
@@ -435,7 +448,7 @@ async def main() -> None:
     blocks: dict[tuple[str, str], list[float]] = {}  # per round: client median + server, µs a request
     ledgers: dict[str, dict[str, list[float]]] = {arm: {} for arm in arms}  # SQLite's, by arm
     async with both_stores() as (lite, pg, url):
-        stores = (("SQLite", lite, None), ("PostgreSQL", pg, url))
+        stores = tuple(s for s in (("SQLite", lite, None), ("PostgreSQL", pg, url)) if s[0] in names)
         for _, store, store_url in stores:
             for arm in arms:  # warm: imports, caches, the statement cache
                 run, charges, offset, read_check = runs[arm]
@@ -452,7 +465,8 @@ async def main() -> None:
                     read_check=read_check,
                 )
         for r in range(args.rounds):
-            analyzed(url)  # as autovacuum keeps a growing server's statistics
+            if "PostgreSQL" in names:
+                analyzed(url)  # as autovacuum keeps a growing server's statistics
             for name, store, store_url in stores:
                 # Interleaved, each round in another order: a load change hits every arm alike,
                 # and (every other round backwards) no arm always follows the same one.
@@ -483,7 +497,7 @@ async def main() -> None:
         "| added CPU µs/request (client + server) | ≤ 300 µs |"
     )
     print("|---|---|---|---|---|---|---|")
-    for name in ("SQLite", "PostgreSQL"):
+    for name in names:
         off_total = statistics.median(cpu[(name, "off")]) + statistics.median(server[(name, "off")])
         for arm in arms:
             client, server_cpu = statistics.median(cpu[(name, arm)]), statistics.median(server[(name, arm)])
@@ -497,7 +511,7 @@ async def main() -> None:
     if args.ledger:
         _print_ledger(ledgers, arms)
     if args.base:
-        _print_paired(blocks)
+        _print_paired(blocks, names)
     print(
         f"\n{args.steps} model step(s) per request; medians of {args.rounds} interleaved blocks of "
         f"{args.block} requests per arm (client: of the requests; server: of the blocks); budgets: "
@@ -507,13 +521,13 @@ async def main() -> None:
     )
 
 
-def _print_paired(blocks: dict[tuple[str, str], list[float]]) -> None:
+def _print_paired(blocks: dict[tuple[str, str], list[float]], names: tuple[str, ...]) -> None:
     """With ``--base``: this checkout's admitted arm against the base arm, round by round (the
     two ran within seconds of each other, so the machine's drift falls on both): the median of
     the rounds' differences, and their spread."""
     print("\n| store | admitted − base, µs/request (median of rounds' differences) | 25th–75th percentile |")
     print("|---|---|---|")
-    for name in ("SQLite", "PostgreSQL"):
+    for name in names:
         differences = [a - b for a, b in zip(blocks[(name, "admitted")], blocks[(name, "base")], strict=True)]
         low, _, high = statistics.quantiles(differences, n=4)
         print(f"| {name} | {statistics.median(differences):+.0f} | {low:+.0f} to {high:+.0f} |")

@@ -1,7 +1,8 @@
 """What a budgeted turn sends PostgreSQL (docs/cost.md, "What it costs per request"): a retried
 request id's admission reads what its earlier attempt reserved; the turn's last settlement,
 riding its final write, is one statement that locks the rows in key order, settles and deletes
-the reservations. The programs are driven here without a database (their answers given), to
+the reservations. On SQLite a charge with an ask reads in one statement (the turn's token, its
+reservations and the budget rows). The programs are driven here without a database (their answers given), to
 count what each batch sends; the stores' tests run the same programs on real databases (a new
 turn's first reservation in PostgreSQL's one flight: ``test_budget_flight.py``)."""
 
@@ -20,6 +21,7 @@ from turnwire_server.store.records import (
     BudgetLimits,
     TurnLease,
 )
+from turnwire_server.store.sqlite.db import DIALECT as SQLITE
 
 TENANT_DAY = BudgetKey("tenant/day", "", "2026-01-02")
 PRINCIPAL_DAY = BudgetKey("principal/day", "/p", "2026-01-02")
@@ -68,3 +70,27 @@ def test_the_last_settlement_is_one_statement_that_locks_in_key_order() -> None:
     sql = sent[0][0].sql
     assert "ORDER BY scope, scope_key, period FOR UPDATE" in sql and "DELETE FROM budget_reservations" in sql
     assert grant.spends[TENANT_DAY].spent_tokens == 9_700
+
+
+def test_a_charge_on_sqlite_reads_in_one_statement() -> None:
+    # The turn's token (unless its admission writes the turn), its reservations and the budget
+    # rows, tagged by kind, in one statement; the token's row says the turn is recorded.
+    ask = BudgetAsk(prompt_tokens=500, prompt_usd=0.0, usd_per_output_token=0.0, max_output=1_000)
+    charge = BudgetCharge("r1", "c1", LEASE, BUDGETS, ask=ask)
+    found = [
+        (0, "replica-a", 3, None, None, None, None, None, None, None),
+        (1, *TENANT_DAY, 2, 600, 0.0, None, None, None),
+        (2, *_row(TENANT_DAY, 9_000)),
+    ]
+
+    step, grant = _batches(budget_writes.charge_budget(charge, SQLITE, fenced=True), [[found]])
+    admitted, _ = _batches(budget_writes.admission_budget(charge, (), SQLITE, admitting=True), [[found[1:]]])
+
+    for sent, reads_turn in ((step, True), (admitted, False)):
+        assert len(sent[0]) == 1, [s.sql for s in sent[0]]
+        sql = sent[0][0].sql
+        assert "budget_reservations" in sql and "FROM budget_spend" in sql
+        assert ("FROM turns" in sql) is reads_turn
+    # The earlier attempt's reservation (epoch 2) settled at what it reserved, this step's reserved.
+    assert grant.spends[TENANT_DAY].spent_tokens == 9_600
+    assert grant.spends[TENANT_DAY].reserved_tokens == 1_500

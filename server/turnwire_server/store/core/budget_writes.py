@@ -2,22 +2,23 @@
 :mod:`turnwire_server.store.core.sql`; the rules: docs/cost.md, "Budgets", and
 :mod:`.budget_rules`).
 
-A charge with an ask is one transaction of two batches, of two statements each (on PostgreSQL
-the writes fold into one). The first reads the turn's fencing token (its row locked, as
-:mod:`.fencing` does) with its stored reservations, or only the reservations when the charge
-rides a turn write that read and locked the token already (``fenced``); and takes the budget
-rows: the charged ones and those of the turn's reservations. (A new turn in PostgreSQL's
-one-flight admission has the database decide instead: :mod:`turnwire_server.store.postgres.
-budget_flight`, the rule in SQL, tested for agreement.) On PostgreSQL they are
-taken in key order, created at zero when missing and locked by one upsert that returns them
-(``INSERT … ON CONFLICT DO UPDATE … RETURNING``: the update locks the row, an existing one or one a racing
-charge just created, and returns its latest committed state), so charges racing from several
-replicas for one budget take turns on its row and each sees the other's reservation. SQLite
-applies writes one at a time under the database's write lock: there the rows are read (a missing
-one is at zero), at about half the cost of the upsert, with the turn's row (whether it is
-recorded). The second batch writes the turn's reservations in place (an upsert; a reservation of
-a budget no longer charged deleted) and the budget rows back, settled by
-:func:`~.budget_rules.settle`, in one upsert that creates a row read missing.
+A charge with an ask is one transaction of two batches, of two statements each (on PostgreSQL the
+writes fold into one; on SQLite the reads are one). The first reads the turn's fencing token (its
+row locked, as :mod:`.fencing` does) with its stored reservations, or only the reservations when the
+charge rides a turn write that read and locked the token already (``fenced``); and takes the budget
+rows: the charged ones and those of the turn's reservations. (A new turn in PostgreSQL's one-flight
+admission has the database decide instead: :mod:`turnwire_server.store.postgres.budget_flight`, the
+rule in SQL, tested for agreement.) On PostgreSQL they are taken in key order, created at zero when
+missing and locked by one upsert that returns them (``INSERT … ON CONFLICT DO UPDATE … RETURNING``:
+the update locks the row, an existing one or one a racing charge just created, and returns its
+latest committed state), so charges racing from several replicas for one budget take turns on its
+row and each sees the other's reservation. SQLite applies writes one at a time under the database's
+write lock: there the rows are read (a missing one is at zero), at about half the cost of the
+upsert, with the turn's row (whether it is recorded) and the reservations, in one statement
+(:data:`_READ_ALL`: a statement fewer to step through). The second batch writes the turn's
+reservations in place (an upsert; a reservation of a budget no longer charged deleted) and the
+budget rows back, settled by :func:`~.budget_rules.settle`, in one upsert that creates a row read
+missing.
 
 A charge without an ask (the turn's last settlement, riding its final write; a lost attempt's)
 has nothing to decide: one batch (after the token's read when not ``fenced``) in which the
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeAlias, TypeVar
 
 from turnwire_server.store.core.budget_rules import Reservation, fit_output, settle
 from turnwire_server.store.core.fencing import holds_lease, lease_read
@@ -98,12 +99,22 @@ _OTHER_RESERVED: Final = (
     " CASE WHEN scope IN ('turn', 'conversation') THEN conversation_id END AS column4"
     " FROM budget_reservations WHERE request_id = ?"
 )
-_READ_ROWS: Final = (
-    # Where one writer applies writes in turn: the charged rows (an OR of keys, which SQLite
-    # answers by the primary key, one lookup each) and those of the turn's other reservations.
-    f"SELECT scope, scope_key, period, {_SPEND_COLUMNS}, limit_tokens, limit_usd FROM budget_spend"
-    " WHERE {keys}(scope, scope_key, period) IN"
+_READ_ALL: Final = (
+    # Where one writer applies writes in turn, the charge's reads in one statement (a statement
+    # fewer to step through), each row tagged by its kind: (0) the turn's fencing token, read
+    # unless the charge rides the turn's admission (whether the turn is recorded; this
+    # transaction writes it there); (1) its reservations; (2) the budget rows, the charged ones
+    # (an OR of keys, which SQLite answers by the primary key, one lookup each) and those of the
+    # turn's other reservations.
+    "{token}SELECT 1, scope, scope_key, period, epoch, tokens, usd, NULL, NULL, NULL"
+    " FROM budget_reservations WHERE request_id = ?"
+    f" UNION ALL SELECT 2, scope, scope_key, period, {_SPEND_COLUMNS}, limit_tokens, limit_usd"
+    " FROM budget_spend WHERE {keys}(scope, scope_key, period) IN"
     " (SELECT scope, scope_key, period FROM budget_reservations WHERE request_id = ?)"
+)
+_READ_TOKEN: Final = (
+    "SELECT 0, owner, lease_epoch, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM turns"
+    " WHERE request_id = ? UNION ALL "
 )
 _ROW_MARKS: Final = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 _PUT_ROWS: Final = (
@@ -226,35 +237,22 @@ def charge_budget(
     # taken: the transaction holds the database's write lock, and the write creates a missing
     # row. The turn's row is read then (unless this transaction writes it) to tell whether it
     # is recorded, as the take's guard does where rows are taken.
-    taking = bool(dialect.lock_rows)
-    if admitting or (fenced and taking):
-        reads = [Statement(_RESERVATIONS, (charge.request_id,), fetch=True)]
+    if dialect.lock_rows:
+        token, stored, taken = yield from _take(
+            charge, keys, owners, dialect, fenced=fenced, admitting=admitting
+        )
     else:
-        lock = f"{dialect.lock_rows} OF t" if taking and not fenced else ""
-        reads = [Statement(_TOKEN_AND_RESERVATIONS + lock, (charge.request_id,), fetch=True)]
-    if taking:
-        params: list[Any] = [value for k in keys for value in (*k, owners[k])]
-        params.append(charge.request_id)
-        params.extend(value for k in keys for value in k)
-        if not admitting:
-            params.append(charge.request_id)
-        reads.append(Statement(_take_rows(len(keys), not admitting), params, fetch=True))
-    else:
-        params = [value for k in keys for value in k]
-        params.append(charge.request_id)
-        reads.append(Statement(_read_rows(len(keys)), params, fetch=True))
-    read, taken = yield reads
-    if not fenced and not holds_lease([row[:2] for row in read[:1]], charge.lease):
+        token, stored, taken = yield from _read(charge, keys, admitting=admitting)
+    if not fenced and not holds_lease(token, charge.lease):
         return BudgetGrant(output_tokens=ask.max_output)
     rows = {BudgetKey(*row[:3]): row[3:] for row in taken}
     # Still recorded: the take's guard created every row, or the turn's row was read.
-    recorded = (not fenced or len(rows) == len(keys)) if taking else (admitting or bool(read))
+    recorded = (not fenced or len(rows) == len(keys)) if dialect.lock_rows else (admitting or bool(token))
     if not recorded:
         return BudgetGrant(output_tokens=ask.max_output)
     reservations = [
         Reservation(BudgetKey(scope, key, period), int(epoch), int(tokens), float(usd))
-        for _, _, scope, key, period, epoch, tokens, usd in read
-        if scope is not None
+        for scope, key, period, epoch, tokens, usd in stored
     ]
     budgets = tuple(kept_limits(budget, *rows.get(budget.key, _ZERO_ROW)[4:6]) for budget in charge.budgets)
     epoch = charge.lease.epoch if charge.lease is not None else 0
@@ -310,6 +308,62 @@ def charge_budget(
         )
     yield folded(writes, dialect)
     return BudgetGrant(output, tokens, usd, refused, spends, budgets)
+
+
+Rows: TypeAlias = list[Sequence[Any]]
+
+
+def _take(
+    charge: BudgetCharge,
+    keys: Sequence[BudgetKey],
+    owners: Mapping[BudgetKey, str | None],
+    dialect: Dialect,
+    *,
+    fenced: bool,
+    admitting: bool,
+) -> Program[tuple[Rows, Rows, Rows]]:
+    """:func:`charge_budget`'s reads where several connections write at once (PostgreSQL): the
+    turn's token (its row locked) with its reservations, or only the reservations when
+    ``fenced``; and the budget rows, taken (:data:`_TAKE_ROWS`). Returns the token's rows
+    (owner, epoch; none: the turn is not recorded, or was not read), the reservations (scope,
+    key, period, epoch, tokens, US dollars) and the rows as taken."""
+    if fenced:
+        reads = [Statement(_RESERVATIONS, (charge.request_id,), fetch=True)]
+    else:
+        lock = f"{dialect.lock_rows} OF t"
+        reads = [Statement(_TOKEN_AND_RESERVATIONS + lock, (charge.request_id,), fetch=True)]
+    params: list[Any] = [value for k in keys for value in (*k, owners[k])]
+    params.append(charge.request_id)
+    params.extend(value for k in keys for value in k)
+    if not admitting:
+        params.append(charge.request_id)
+    reads.append(Statement(_take_rows(len(keys), not admitting), params, fetch=True))
+    read, taken = yield reads
+    return [row[:2] for row in read[:1]], [row[2:] for row in read if row[2] is not None], taken
+
+
+def _read(
+    charge: BudgetCharge, keys: Sequence[BudgetKey], *, admitting: bool
+) -> Program[tuple[Rows, Rows, Rows]]:
+    """:func:`charge_budget`'s reads where one writer applies writes in turn (SQLite): one
+    statement (:data:`_READ_ALL`), the turn's token read unless ``admitting``. Returns as
+    :func:`_take` does, the rows read (a missing one is at zero)."""
+    params: list[Any] = [charge.request_id] if admitting else [charge.request_id, charge.request_id]
+    params.extend(value for k in keys for value in k)
+    params.append(charge.request_id)
+    (found,) = yield [Statement(_read_all(len(keys), admitting), params, fetch=True)]
+    token: Rows = []
+    stored: Rows = []
+    rows: Rows = []
+    for row in found:
+        kind = row[0]
+        if kind == 2:
+            rows.append(row[1:])
+        elif kind == 1:
+            stored.append(row[1:7])
+        else:
+            token.append(row[1:3])
+    return token, stored, rows
 
 
 def _reserve(
@@ -469,9 +523,9 @@ def _unreserve(count: int) -> str:
     return f"{_UNRESERVE} AND (scope, scope_key, period) IN (VALUES {', '.join(['(?, ?, ?)'] * count)})"
 
 
-@functools.lru_cache(maxsize=32)
-def _read_rows(count: int) -> str:
-    return _READ_ROWS.format(keys=f"({_KEY}) OR " * count)
+@functools.lru_cache(maxsize=64)
+def _read_all(count: int, admitting: bool) -> str:
+    return _READ_ALL.format(token="" if admitting else _READ_TOKEN, keys=f"({_KEY}) OR " * count)
 
 
 @functools.lru_cache(maxsize=32)
