@@ -162,6 +162,42 @@ def test_a_continuation_announces_the_calls_the_client_does_not_hold() -> None:
     assert held[0] == {"type": "start", "messageId": "ui-1"}
 
 
+def test_a_continuation_announces_an_approved_call_with_its_input_unless_the_client_holds_it() -> None:
+    """The engine announces each call an earlier turn asked approval for (``ToolInputAvailable``
+    with its ``approval_id``) before its result: a stream read back from its start (a resume, a
+    page that does not hold the call) shows its input; a client continuing its own message is not
+    told again. Before, a resumed stream announced it with ``input: null``."""
+    kinds: list[dict[str, Any]] = [
+        {"turn_start": {"message_id": "tw-a-r2", "continuation": True}},
+        {
+            "tool_input_available": {
+                "tool_call_id": "c1",
+                "tool_name": "get_weather",
+                "input_json": '{"city":"Paris"}',
+                "approval_id": "tw-ap-1",
+            }
+        },
+        {
+            "tool_output_available": {
+                "tool_call_id": "c1",
+                "tool_name": "get_weather",
+                "output_json": '"sunny"',
+            }
+        },
+    ]
+    assert chunks_of(kinds)[1:] == [
+        {
+            "type": "tool-input-available",
+            "toolCallId": "c1",
+            "toolName": "get_weather",
+            "input": {"city": "Paris"},
+        },
+        {"type": "tool-output-available", "toolCallId": "c1", "output": "sunny"},
+    ]
+    held = chunks_of(kinds, UIMessageStream(message_id="ui-1", known_calls=["c1"]))
+    assert [c["type"] for c in held] == ["start", "tool-output-available"]
+
+
 def test_approvals_and_provider_executed_calls() -> None:
     kinds: list[dict[str, Any]] = [
         {"tool_input_start": {"tool_call_id": "c1", "tool_name": "web_search", "provider_executed": True}},

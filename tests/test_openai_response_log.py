@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
-from openai.types.responses.response_output_item import McpApprovalRequest
+from openai.types.responses.response_output_item import McpApprovalRequest, McpCall
 from pydantic import TypeAdapter
 from support.event_logs import RESTARTED_STEP, SERVER_TOOL_TURN, turn_events
 
 from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
+from turnwire_server.engine.ids import approval_turn, new_approval_id
 from turnwire_server.http.openai_request import (
     ApprovalAnswer,
     RequestProblem,
@@ -299,3 +301,68 @@ def test_a_bad_approval_answer_names_its_param(body: bytes, param: str) -> None:
     with pytest.raises(RequestProblem) as refused:
         turn_input(parse_request(body))
     assert refused.value.param == param
+
+
+def test_a_continuation_shows_each_answered_call_with_its_arguments_and_approval() -> None:
+    """A continuation announces each call an earlier response asked approval for
+    (``ToolInputAvailable`` with its ``approval_id``) before its result: the ``mcp_call`` carries
+    the call's ``arguments`` and ``approval_request_id``, as OpenAI's does, run or denied; one cut
+    off before its result is an ``incomplete`` ``mcp_call``, never a client's ``function_call``.
+    Before, the arguments were ``"{}"`` and no ``approval_request_id`` was set."""
+
+    def answered(call_id: str, approval_id: str) -> dict[str, Any]:
+        return {
+            "tool_input_available": {
+                "tool_call_id": call_id,
+                "tool_name": "get_weather",
+                "input_json": f'{{"city":"{call_id}"}}',
+                "approval_id": approval_id,
+            }
+        }
+
+    events, log = translate(
+        [
+            {"turn_start": {"message_id": "tw-a-r1", "model": "scripted:x"}},
+            answered("c1", "tw-ap-1"),
+            {"tool_output_available": {"tool_call_id": "c1", "tool_name": "get_weather", "output_json": "1"}},
+            answered("c2", "tw-ap-2"),
+            {"tool_output_denied": {"tool_call_id": "c2", "tool_name": "get_weather", "reason": "no"}},
+            answered("c3", "tw-ap-3"),
+            {"turn_end": {"status": "TURN_STATUS_ABORTED"}},
+        ]
+    )
+    for event in events:
+        EVENT.validate_python(event)
+    response = Response.model_validate(log.snapshot())
+    calls = [McpCall.model_validate(item.model_dump()) for item in response.output]
+    assert [(c.approval_request_id, c.arguments, c.status) for c in calls] == [
+        ("tw-ap-1", '{"city":"c1"}', "completed"),
+        ("tw-ap-2", '{"city":"c2"}', "failed"),
+        ("tw-ap-3", '{"city":"c3"}', "incomplete"),
+    ]
+    plain, _ = translate(TOOL_TURN)
+    ran = next(e["item"] for e in plain if e.get("item", {}).get("type") == "mcp_call")
+    assert ran["approval_request_id"] is None, "a call that asked no approval answers none"
+
+
+def test_an_item_reference_to_an_approval_request_names_the_response_that_asked_it() -> None:
+    """An approval id names the turn that asked it (``tw-ap-<hex>.<request id>``), so an
+    ``item_reference`` to an ``mcp_approval_request`` continues that response, as a reference to
+    any other item of it does; an approval id that names no turn (an older sidecar's) infers
+    nothing."""
+    asked = new_approval_id("tenant-a/resp-a")
+    assert asked.startswith("tw-ap-") and approval_turn(asked) == "resp-a"
+    assert approval_turn(new_approval_id("r" * 100)) is None, "too long to name it: not named"
+    body = orjson.dumps(
+        {
+            "input": [
+                {"role": "user", "content": "Weather?"},
+                {"type": "item_reference", "id": asked},
+                {"type": "mcp_approval_response", "approval_request_id": asked, "approve": True},
+            ]
+        }
+    )
+    assert referenced_response(parse_request(body)) == ("resp-a", 2)
+    assert turn_input(parse_request(body), 2).approvals == [ApprovalAnswer(asked, True, "", "input[2]")]
+    older = body.replace(asked.encode(), b"tw-ap-" + b"0" * 32)
+    assert referenced_response(parse_request(older)) is None

@@ -28,7 +28,7 @@ from support.sidecar import SidecarFactory, SidecarProcess, running_sidecar
 from support.tokens import new_token
 from support.waiting import wait_until
 
-from turnwire_client import TurnwireClient, TurnwireError
+from turnwire_client import TurnwireClient, TurnwireError, collect
 from turnwire_client.v1 import event_pb2, message_pb2
 
 TOKEN_A = new_token()
@@ -62,6 +62,10 @@ SCRIPTS = {
         {"text": "unreachable"},
     ],
     "thanks": [{"text": "You are in Paris."}],
+    "weather": [
+        {"tool_calls": [{"name": "get_weather", "input": {"city": "Paris"}}]},
+        {"text": "unreachable"},
+    ],
     "fails": [
         {"text": "partial ", "error": {"message": "the model is down", "status": 400, "after_chunks": 1}}
     ],
@@ -86,6 +90,7 @@ def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarProcess
     tokens = {TOKEN_A: ("alice", "tenant-a"), TOKEN_B: ("bob", "tenant-b")}
     config = http_sidecar_config(workdir, tokens, SCRIPTS)
     config["fallback"] = FALLBACK
+    config["tools"] = {"demo": True, "require_approval": ["get_weather"]}
     with running_sidecar(workdir, config) as process:
         yield process
 
@@ -279,6 +284,32 @@ async def test_a_running_grpc_turn_is_followed_over_ag_ui(
     assert await grpc_a.cancel_chat(run_id)  # leaving a re-attached run left the turn running
     ends = [event async for event in stream if event.HasField("turn_end")]
     assert ends[0].turn_end.status == event_pb2.TURN_STATUS_ABORTED
+
+
+async def test_a_continuation_after_an_approval_shows_the_approved_call_with_its_arguments(
+    grpc_a: TurnwireClient, sidecar: SidecarProcess
+) -> None:
+    """A continuation (``SubmitToolApprovals`` over gRPC) read by its ``runId`` shows the approved
+    call it ran with its arguments (``TOOL_CALL_ARGS``) before its result. Before, the call had
+    none: its input was in the stream of the turn that asked for the approval."""
+    asked = await collect(grpc_a.chat("agui-approval", "Weather?", model="scripted:weather"))
+    [request] = [e.tool_approval_request for e in asked.events if e.HasField("tool_approval_request")]
+    run_id = f"agui-approved-{uuid.uuid4().hex[:8]}"
+    continued = grpc_a.submit_tool_approvals(
+        "agui-approval", {request.tool_call_id: True}, request_id=run_id, model="scripted:thanks"
+    )
+    assert (await collect(continued)).status == event_pb2.TURN_STATUS_COMPLETED
+    run = (await run_agent(sidecar, "agui-approval", [{"runId": run_id, "text": "go"}]))["runs"][0]
+    assert "error" not in run, run
+    call_events = [e for e in run["events"] if e.get("toolCallId") == request.tool_call_id]
+    assert [e["type"] for e in call_events] == [
+        "TOOL_CALL_START",
+        "TOOL_CALL_ARGS",
+        "TOOL_CALL_END",
+        "TOOL_CALL_RESULT",
+    ]
+    assert json.loads(call_events[1]["delta"]) == {"city": "Paris"}
+    assert json.loads(call_events[3]["content"])["city"] == "Paris"
 
 
 async def test_an_ended_grpc_turn_reads_as_the_same_run(

@@ -274,6 +274,8 @@ async def test_an_approval_with_add_tool_approval_response(
     assert seen["error"] is None
     assert seen["requested"]["type"] == "tool-get_weather" and seen["requested"]["input"] == {"city": "Paris"}
     (call,) = tool_parts(seen["messages"][-1])
+    # The continuation announces the call with its input (before: null, which replaced it).
+    assert call["input"] == {"city": "Paris"}
     if approved:
         assert call["state"] == "output-available" and call["output"]["city"] == "Paris"
     else:

@@ -414,8 +414,15 @@ async def test_an_approved_call_runs_in_the_continuation_and_its_result_is_store
         channel, conversation_id, chat_service_pb2.ToolApproval(tool_call_id=call_id, approved=True)
     )
     assert result.ok, result
-    assert kinds(result)[:3] == ["turn_start", "tool_output_available", "step_start"]
-    output = result.events[1].tool_output_available
+    assert kinds(result)[:4] == ["turn_start", "tool_input_available", "tool_output_available", "step_start"]
+    announced = result.events[1].tool_input_available  # its input and approval, for the doors
+    asked = calls_of(first.message)[call_id]
+    assert (announced.tool_call_id, announced.input_json, announced.approval_id) == (
+        call_id,
+        asked.input_json,
+        asked.approval.id,
+    )
+    output = result.events[2].tool_output_available
     assert output.tool_call_id == call_id and json.loads(output.output_json)["result"] == 42
     assert calls_of(result.message) == {}, "the continuation's own message holds no copy of the call"
     messages = await stored(sidecar, conversation_id)
@@ -433,8 +440,11 @@ async def test_a_denied_call_is_stored_denied_and_the_model_is_told(
         channel, conversation_id, chat_service_pb2.ToolApproval(tool_call_id=call_id, approved=False)
     )
     assert result.ok, result
-    assert kinds(result)[:3] == ["turn_start", "tool_output_denied", "step_start"]
-    denied = result.events[1].tool_output_denied
+    assert kinds(result)[:4] == ["turn_start", "tool_input_available", "tool_output_denied", "step_start"]
+    announced = result.events[1].tool_input_available
+    assert announced.tool_call_id == call_id and announced.approval_id.startswith("tw-ap-")
+    assert announced.input_json
+    denied = result.events[2].tool_output_denied
     assert (denied.tool_call_id, denied.reason) == (call_id, DENIED)
     call = calls_of((await stored(sidecar, conversation_id))[1])[call_id]
     assert call.state == message_pb2.TOOL_CALL_STATE_OUTPUT_DENIED and call.error_text == DENIED

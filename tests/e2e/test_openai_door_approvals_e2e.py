@@ -40,6 +40,10 @@ SCRIPTS = {
         {"text": "Let me look.", "tool_calls": [{"name": "get_weather", "input": {"city": "Paris"}}]},
         {"text": "unreachable"},
     ],
+    "weather_only": [
+        {"tool_calls": [{"name": "get_weather", "input": {"city": "Paris"}}]},
+        {"text": "unreachable"},
+    ],
     "after": [{"text": "Done with the weather."}],
     "echo": [{"text": "hello"}],
     "slow": [endless_step("".join(f"w{i} " for i in range(30)), 30)],
@@ -125,6 +129,10 @@ async def test_an_approval_request_is_answered_with_mcp_approval_response(
     assert [item.type for item in second.output] == ["mcp_call", "message"]
     call = McpCall.model_validate(second.output[0].to_dict())
     assert (call.server_label, call.name) == ("turnwire", "get_weather")
+    # The call's own arguments and the request it answered, as OpenAI's mcp_call carries them
+    # (before: "{}" and no approval_request_id), read back the same.
+    assert json.loads(call.arguments) == {"city": "Paris"} and call.approval_request_id == request.id
+    assert McpCall.model_validate((await client.responses.retrieve(second.id)).output[0].to_dict()) == call
     stored = await grpc.get_conversation(conversation)
     part = next(p.tool_call for p in stored.messages[1].parts if p.HasField("tool_call"))
     assert part.approval.id == request.id
@@ -135,6 +143,31 @@ async def test_an_approval_request_is_answered_with_mcp_approval_response(
         assert call.status == "failed" and call.error is not None and "not today" in str(call.error)
         assert part.state == message_pb2.TOOL_CALL_STATE_OUTPUT_DENIED
         assert part.approval.reason == "not today"
+
+
+async def test_an_item_reference_to_an_approval_request_continues_its_response(
+    client: openai.AsyncOpenAI,
+) -> None:
+    """The AI SDK's OpenAI provider sends the history without ``previous_response_id``: the user's
+    message, an ``item_reference`` to the ``mcp_approval_request`` it answers, then the
+    ``mcp_approval_response``. The reference names the response that asked it, which the request
+    continues, as OpenAI resolves any stored item by its id. Before, such a reference named no
+    response: 400 (``previous_response_id``)."""
+    first = await client.responses.create(model="scripted:weather_only", input="Weather?")
+    assert [item.type for item in first.output] == ["mcp_approval_request"]
+    request = McpApprovalRequest.model_validate(first.output[0].to_dict())
+    history: list[Any] = [
+        {"role": "user", "content": "Weather?"},
+        {"type": "item_reference", "id": request.id},
+        {"type": "mcp_approval_response", "approval_request_id": request.id, "approve": True},
+    ]
+    second = await client.responses.create(model="scripted:after", input=history)
+    assert second.status == "completed" and second.output_text == "Done with the weather."
+    assert second.conversation is not None and first.conversation is not None
+    assert second.conversation.id == first.conversation.id, "the same conversation, continued"
+    call = McpCall.model_validate(second.output[0].to_dict())
+    assert (call.approval_request_id, call.status) == (request.id, "completed")
+    assert json.loads(call.arguments) == {"city": "Paris"} and "Paris" in str(call.output)
 
 
 async def test_an_approval_answer_that_names_no_request_is_refused(client: openai.AsyncOpenAI) -> None:

@@ -48,6 +48,7 @@ from turnwire_server.api.turn_streams import (
 )
 from turnwire_server.api.validation import check_id, json_object, raise_if_any
 from turnwire_server.engine import TurnEngine, TurnRequest
+from turnwire_server.engine.approvals import announce_answered_call
 from turnwire_server.engine.budget_settings import BudgetLimit
 from turnwire_server.engine.errors import AdmissionRefused
 from turnwire_server.engine.ids import new_request_id
@@ -274,18 +275,19 @@ class ToolResultRpcs:
             if reserved:
                 await self.engine.line.release_place(conversation_id, request_id)
             raise
-        names = {
-            part.tool_call.tool_call_id: part.tool_call.tool_name
+        calls = {
+            part.tool_call.tool_call_id: part.tool_call
             for part in outcome.message.parts
             if part.WhichOneof("kind") == "tool_call"
         }
-        denials = [
-            ToolDenial(
-                answer.tool_call_id, names.get(answer.tool_call_id, ""), answer.text or DENIED_BY_USER_TEXT
-            )
-            for answer in answers
-            if answer.kind == "deny"
-        ]
+        denials = []
+        for answer in answers:
+            if answer.kind == "deny":
+                call = calls.get(answer.tool_call_id, message_pb2.ToolCallPart())
+                reason = answer.text or DENIED_BY_USER_TEXT
+                denials.append(
+                    ToolDenial(answer.tool_call_id, call.tool_name, reason, call.input_json, call.approval.id)
+                )
         if not messages and not (outcome.completed and auto_continue):
             if reserved:
                 await self.engine.line.release_place(conversation_id, request_id)
@@ -388,8 +390,9 @@ def _skipped(
     outcome: AnsweredToolCalls,
     denials: Sequence[ToolDenial],
 ) -> list[Any]:
-    """The responses of a call that stored answers and runs no turn: a ``ToolOutputDenied`` per
-    denial, then ``TurnEnd(SKIPPED)`` with the stored message (and why, when calls still wait)."""
+    """The responses of a call that stored answers and runs no turn: a ``ToolInputAvailable`` and
+    a ``ToolOutputDenied`` per denial (as a continuation announces them), then
+    ``TurnEnd(SKIPPED)`` with the stored message (and why, when calls still wait)."""
     responses: list[Any] = []
 
     def new() -> event_pb2.TurnEvent:
@@ -402,6 +405,9 @@ def _skipped(
         return event
 
     for denial in denials:
+        announce_answered_call(
+            new(), denial.tool_call_id, denial.tool_name, denial.input_json, denial.approval_id
+        )
         denied = new().tool_output_denied
         denied.tool_call_id = denial.tool_call_id
         denied.tool_name = denial.tool_name

@@ -8,6 +8,12 @@ stream. Each result is recorded in the assistant message that holds the call (no
 turn's new reply) and that message is stored; the model then sees the results, and is
 told about denied calls (their ``output-denied`` results). Calls denied just before this
 turn (``TurnRequest.tool_denials``) are announced first with ``ToolOutputDenied``.
+
+Each such call is announced first with ``ToolInputAvailable`` (its input and its
+``approval_id``, :func:`announce_answered_call`): its ``ToolInputStart`` was in the stream of
+the turn that asked for the approval, and a door that shows a call with its input (an OpenAI
+``mcp_call``'s ``arguments`` and ``approval_request_id``, an AI SDK tool part, AG-UI's
+``TOOL_CALL_ARGS``) reads it from this stream alone.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from collections.abc import Awaitable, Callable
 
 from turnwire import types as chunks
 from turnwire.values import tool_call_input
-from turnwire_client.v1 import message_pb2
+from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.engine.assistant_message import AssistantMessage
 from turnwire_server.engine.pending_calls import OpenCalls, is_approved
 from turnwire_server.engine.tool_calls import ToolCallRunner
@@ -29,9 +35,27 @@ RunnerFactory = Callable[[TurnWorkingState], ToolCallRunner]
 """Makes the tool runner for a turn state (the step loop's settings: timeout, backpressure, limits)."""
 
 
+def announce_answered_call(
+    event: event_pb2.TurnEvent, tool_call_id: str, tool_name: str, input_json: str, approval_id: str
+) -> event_pb2.ToolInputAvailable:
+    """Make ``event`` the ``ToolInputAvailable`` of a call an earlier turn made whose approval was
+    answered (``approval_id``), sent before its result in the stream that gives it (see the
+    module docstring); ``input_json`` is the call's stored input. Returns the payload."""
+    announced = event.tool_input_available
+    announced.tool_call_id = tool_call_id
+    announced.tool_name = tool_name
+    announced.input_json = input_json
+    announced.approval_id = approval_id
+    return announced
+
+
 def announce_denials(state: TurnWorkingState) -> None:
-    """Send ``ToolOutputDenied`` for each call the request says was just denied."""
+    """Send ``ToolInputAvailable`` then ``ToolOutputDenied`` for each call the request says was
+    just denied."""
     for denial in state.request.tool_denials:
+        announce_answered_call(
+            state.writer.new(), denial.tool_call_id, denial.tool_name, denial.input_json, denial.approval_id
+        )
         event = state.writer.new().tool_output_denied
         event.tool_call_id = denial.tool_call_id
         event.tool_name = denial.tool_name
@@ -88,6 +112,11 @@ async def run_approved_calls(
             chunk = chunks.ToolCall(
                 call.tool_call_id, call.tool_name, tool_call_input(call), raw_input=call.input_json
             )
+            announced = announce_answered_call(
+                state.writer.new(), call.tool_call_id, call.tool_name, call.input_json, call.approval.id
+            )
+            if call.HasField("input"):  # the deprecated Struct view, as every ToolInputAvailable's
+                announced.input.CopyFrom(call.input)
             tool = state.tools.get(call.tool_name)
             if tool is None:
                 original.set_error(

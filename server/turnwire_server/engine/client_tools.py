@@ -40,7 +40,7 @@ def hold_call(state: TurnWorkingState, tool_call_id: str, tool: Tool, input: Map
         return True
     if requires_approval(tool, input):
         call.state = message_pb2.TOOL_CALL_STATE_APPROVAL_REQUESTED
-        call.approval.id = new_approval_id()
+        call.approval.id = new_approval_id(state.request.request_id)
         event = state.writer.new().tool_approval_request
         event.tool_call_id = tool_call_id
         event.tool_name = call.tool_name

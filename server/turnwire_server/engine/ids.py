@@ -13,6 +13,7 @@ assistant message ids (``tw-a<n>-`` for attempt ``n`` of a turn run again after 
 from __future__ import annotations
 
 import hashlib
+import re
 import uuid
 
 RESERVED_PREFIX = "tw-"
@@ -36,9 +37,26 @@ def new_conversation_id() -> str:
     return f"{RESERVED_PREFIX}c-{uuid.uuid4().hex}"
 
 
-def new_approval_id() -> str:
-    """A fresh id for a tool call's approval request (``ToolCallApproval.id``)."""
-    return f"{RESERVED_PREFIX}ap-{uuid.uuid4().hex}"
+_APPROVAL_ID = re.compile(rf"{RESERVED_PREFIX}ap-[0-9a-f]{{32}}\.(.+)")
+
+
+def new_approval_id(request_id: str) -> str:
+    """A fresh id for a tool call's approval request (``ToolCallApproval.id``) asked by turn
+    ``request_id``: ``tw-ap-<32 hex>.<request id>`` (the request id without a tenant's scope, as
+    :func:`assistant_message_id` takes it), so the id names the turn whose events and reply hold
+    the request (:func:`approval_turn`; the OpenAI door resolves an ``item_reference`` to it);
+    ``tw-ap-<32 hex>`` when that would not fit 128 characters."""
+    fresh = f"{RESERVED_PREFIX}ap-{uuid.uuid4().hex}"
+    named = f"{fresh}.{request_id.rpartition('/')[2]}"
+    return named if len(named) <= _MAX_ID_LENGTH else fresh
+
+
+def approval_turn(approval_id: str) -> str | None:
+    """The request id of the turn that asked approval ``approval_id`` (:func:`new_approval_id`);
+    None for an id that names none (one too long to hold it, one an older sidecar made, or not an
+    approval id)."""
+    matched = _APPROVAL_ID.fullmatch(approval_id)
+    return matched.group(1) if matched else None
 
 
 def assistant_message_id(request_id: str) -> str:

@@ -30,12 +30,15 @@ sub-agent's call (docs/subagents.md)."""
 
 @dataclass(frozen=True, slots=True)
 class ToolDenial:
-    """A tool call the client denied just before a continuation: its id, its tool's name and the
-    reason the model is given (docs/semantics.md §6)."""
+    """A tool call the client denied just before a continuation: its id, its tool's name, the
+    reason the model is given, and the call's stored input (JSON text) and approval id, which the
+    continuation announces it with (docs/semantics.md §6)."""
 
     tool_call_id: str
     tool_name: str
     reason: str
+    input_json: str = ""
+    approval_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,9 +18,12 @@ What maps, event → chunk:
   ``tool-input-error``; ``ToolApprovalRequest`` → ``tool-approval-request``;
   ``ToolOutputAvailable`` / ``ToolOutputError`` / ``ToolOutputDenied`` →
   ``tool-output-available`` (``output`` parsed from ``output_json``) / ``tool-output-error`` /
-  ``tool-output-denied``. A call the stream has not shown (a continuation running the calls an
-  earlier turn made, read back from its start) is first announced with ``tool-input-available``
-  and ``input: null``, since the AI SDK refuses an output for a call it does not hold;
+  ``tool-output-denied``. A continuation announces each call an earlier turn asked approval for
+  (``ToolInputAvailable`` with its ``approval_id``) before its result: ``tool-input-available``
+  with its input, unless the client holds the call (``known_calls``: the message it continues),
+  which is not told again. A call the stream has not shown otherwise is first announced with
+  ``tool-input-available`` and ``input: null``, since the AI SDK refuses an output for a call it
+  does not hold;
 - ``SourcePart`` → ``source-url`` or ``source-document``; ``FilePart`` → ``file`` (bytes as a
   ``data:`` URL; a file kept only by the provider's id has no URL and is not sent);
 - ``TurnEnd`` → open blocks closed, then ``message-metadata`` (the turn's ``metadata``, when a
@@ -193,6 +196,8 @@ class UIMessageStream:
                     }
                 )
         elif kind == "tool_input_available":
+            if value.approval_id and call_id in self._calls:
+                return  # a continuation's announcement of a call the client holds, input and all
             self._calls.add(call_id)
             out.append(
                 {

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from turnwire_client.v1 import chat_service_pb2, message_pb2
 from turnwire_server.api.json_depth import MAX_JSON_DEPTH, json_depth
+from turnwire_server.engine.ids import approval_turn
 
 _ROLES: dict[str, message_pb2.Role.ValueType] = {
     "user": message_pb2.ROLE_USER,
@@ -246,11 +247,21 @@ _ITEM_ID = re.compile(r"(?:msg|rs|fc|mcp)_([A-Za-z0-9.:-]+)_[0-9]+")
 response ids hold no ``_`` (docs/guarantees.md, "Ids never collide")."""
 
 
+def _response_of(item_id: str) -> str | None:
+    """The response that holds output item ``item_id``: an item this door made (:data:`_ITEM_ID`),
+    or an ``mcp_approval_request``, whose id is an approval id that names the turn that asked it
+    (:func:`~turnwire_server.engine.ids.approval_turn`); None for any other id."""
+    if (matched := _ITEM_ID.fullmatch(item_id)) is not None:
+        return matched.group(1)
+    return approval_turn(item_id)
+
+
 def referenced_response(request: ResponsesRequest) -> tuple[str, int] | None:
     """For a request naming neither a conversation nor a previous response whose ``input`` refers
     to this door's output items (``item_reference``, as the AI SDK's OpenAI provider sends the
-    earlier steps and replies of its history): the response of the last such item and the index
-    of the input after it. The items up to there are that response's conversation, stored; what
+    earlier steps and replies of its history, and the ``mcp_approval_request`` an
+    ``mcp_approval_response`` answers): the response of the last such item and the index of the
+    input after it. The items up to there are that response's conversation, stored; what
     follows is the new input, so the request continues that response as ``previous_response_id``
     would. None for any other request."""
     if request.conversation_id or request.previous_response_id or isinstance(request.input, str):
@@ -258,8 +269,8 @@ def referenced_response(request: ResponsesRequest) -> tuple[str, int] | None:
     found: tuple[str, int] | None = None
     for index, item in enumerate(request.input):
         reference = item.get("id") if item.get("type") == "item_reference" else None
-        if isinstance(reference, str) and (matched := _ITEM_ID.fullmatch(reference)) is not None:
-            found = (matched.group(1), index + 1)
+        if isinstance(reference, str) and (response := _response_of(reference)) is not None:
+            found = (response, index + 1)
     return found
 
 

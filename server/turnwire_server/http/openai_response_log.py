@@ -18,8 +18,12 @@ What maps (one turn = one response, its request id = the response id):
 - a call the sidecar ran (its own tools, tool hosts, MCP: its result came in the turn) →
   an ``mcp_call`` item (``server_label`` ``turnwire``) with its ``arguments`` and ``output`` or
   ``error``: OpenAI's item for a tool the server ran, which clients show and do not run, so a
-  caller sees the whole tool loop. A client tool's call, which ends the turn waiting for its
-  ``function_call_output``, → a ``function_call`` item. A call of the sidecar's own tools that
+  caller sees the whole tool loop. A call an earlier response asked approval for, run (or
+  denied) in this one, comes announced with its input and approval id (``ToolInputAvailable``'s
+  ``approval_id``): its ``mcp_call`` carries them as ``arguments`` and ``approval_request_id``, as
+  OpenAI's does; cut off before its result (a cancelled turn), it is an ``incomplete`` one. A
+  client tool's call, which ends the turn waiting for its ``function_call_output``, → a
+  ``function_call`` item. A call of the sidecar's own tools that
   waits for the user's approval (``ToolApprovalRequest``, docs/semantics.md §6) → OpenAI's
   ``mcp_approval_request`` item (``id`` the approval's id, which an ``mcp_approval_response`` input
   item names as its ``approval_request_id``), sent when its approval is asked. Which one a call is
@@ -75,6 +79,8 @@ class _HeldCall:
     name: str
     arguments: str = ""
     complete: bool = False
+    approval_id: str = ""
+    """Set for a call an earlier response asked approval for (the ``mcp_approval_request``'s id)."""
 
 
 def usage_of(usage: Any) -> dict[str, Any]:
@@ -251,23 +257,31 @@ class ResponseLog:
             held = self._held[call_id] = _HeldCall(name)
         return held
 
-    def _server_call(
-        self, call_id: str, name: str, out: list[dict[str, Any]], *, output: str | None, error: str | None
-    ) -> None:
-        """A call the sidecar ran (its result came): OpenAI's ``mcp_call`` item, a tool the server
-        ran, with its arguments and its ``output`` or ``error``, opened and done at once."""
-        held = self._held.pop(call_id, None) or _HeldCall(name)
+    def _open_server_call(
+        self, held: _HeldCall, name: str, out: list[dict[str, Any]]
+    ) -> tuple[dict[str, Any], int]:
+        """The ``mcp_call`` item of ``held`` (a call of tool ``name``) added, ``in_progress``, and
+        its output index."""
         item: dict[str, Any] = {
             "id": self._item_id("mcp"),
             "type": "mcp_call",
             "server_label": SERVER_LABEL,
             "name": held.name or name,
             "arguments": held.arguments or "{}",
+            "approval_request_id": held.approval_id or None,
             "output": None,
             "error": None,
             "status": "in_progress",
         }
-        index = self._add_item(None, item, out)
+        return item, self._add_item(None, item, out)
+
+    def _server_call(
+        self, call_id: str, name: str, out: list[dict[str, Any]], *, output: str | None, error: str | None
+    ) -> None:
+        """A call the sidecar ran (its result came): OpenAI's ``mcp_call`` item, a tool the server
+        ran, with its arguments and its ``output`` or ``error``, opened and done at once."""
+        held = self._held.pop(call_id, None) or _HeldCall(name)
+        item, index = self._open_server_call(held, name, out)
         self._event("response.mcp_call.in_progress", out, item_id=item["id"], output_index=index)
         self._event(
             "response.mcp_call_arguments.done",
@@ -304,8 +318,14 @@ class ResponseLog:
         """The held calls no result came for, as ``function_call`` items in the order they began:
         a client tool's call the caller answers with ``function_call_output`` (``completed``), or,
         when the turn did not end well (cancelled, failed) or a new attempt replaced its step, a
-        call cut off (``incomplete``)."""
+        call cut off (``incomplete``); a call approved earlier (the sidecar's) cut off before its
+        result, as an ``incomplete`` ``mcp_call``."""
         for call_id, held in self._held.items():
+            if held.approval_id:  # the sidecar's call, approved earlier, cut off before its result
+                server_call, index = self._open_server_call(held, held.name, out)
+                server_call["status"] = "incomplete"
+                self._event("response.output_item.done", out, output_index=index, item=_copy(server_call))
+                continue
             item = {
                 "id": self._item_id("fc"),
                 "type": "function_call",
@@ -372,6 +392,7 @@ class ResponseLog:
             available = event.tool_input_available
             held = self._hold(available.tool_call_id, available.tool_name)
             held.arguments, held.complete = available.input_json or "{}", True
+            held.approval_id = available.approval_id
         elif kind == "tool_input_error":
             failed = event.tool_input_error
             self._hold(failed.tool_call_id, failed.tool_name).arguments = failed.raw_input

@@ -697,6 +697,7 @@ class ToolInputAvailable(_message.Message):
     INPUT_FIELD_NUMBER: _builtins.int
     INPUT_JSON_FIELD_NUMBER: _builtins.int
     PROVIDER_EXECUTED_FIELD_NUMBER: _builtins.int
+    APPROVAL_ID_FIELD_NUMBER: _builtins.int
     tool_call_id: _builtins.str
     """The call's id."""
     tool_name: _builtins.str
@@ -706,6 +707,13 @@ class ToolInputAvailable(_message.Message):
     provider_executed: _builtins.bool
     """True for a call the provider runs itself (ToolCallPart.provider_executed):
     Turnwire does not run it.
+    """
+    approval_id: _builtins.str
+    """The call's approval id (ToolCallApproval.id) when this event announces a
+    call an earlier turn made whose approval was answered: a continuation
+    sends it, with the call's input, for each approved call it runs and each
+    call it reports denied, before that call's result (docs/semantics.md §6).
+    Empty otherwise.
     """
     @_builtins.property
     @_deprecated("""This field has been marked as deprecated using proto field options.""")
@@ -722,10 +730,11 @@ class ToolInputAvailable(_message.Message):
         input: _struct_pb2.Struct | None = ...,
         input_json: _builtins.str = ...,
         provider_executed: _builtins.bool = ...,
+        approval_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "input_json", b"input_json", "provider_executed", b"provider_executed", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_id", b"approval_id", "input", b"input", "input_json", b"input_json", "provider_executed", b"provider_executed", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
