@@ -127,3 +127,13 @@ def test_a_refusal_says_when_its_budget_resets_in_words() -> None:
     assert str(BudgetExhausted("turn", why)).endswith(why)
     unpriced = BudgetExhausted("conversation", "model x:y has no known price", say_reset=False)
     assert str(unpriced).endswith("model x:y has no known price")
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_a_dollar_limit_or_price_must_be_finite(value: float) -> None:
+    """``usd: 1e400`` (YAML's infinity) was a valid budget, and ``.nan`` was refused as "should be
+    greater than or equal to 0"; both now say the number must be finite (money trial)."""
+    with pytest.raises(ValueError, match="finite number"):
+        BudgetLimit(usd=value)
+    with pytest.raises(ValueError, match="finite number"):
+        PricingSettings(models={"local:m": {"input_mtok": value, "output_mtok": 1.0}})

@@ -21,17 +21,26 @@ class ModelPrices(ConfigSection):
     (unset: at ``input_mtok``), ``cache_write_1h_mtok`` writes kept an hour (unset: at
     ``cache_write_mtok``); ``output_mtok`` every output token, reasoning included."""
 
-    input_mtok: float = Field(ge=0, description="USD per million input tokens")
-    output_mtok: float = Field(ge=0, description="USD per million output tokens (reasoning included)")
+    input_mtok: float = Field(ge=0, allow_inf_nan=False, description="USD per million input tokens")
+    output_mtok: float = Field(
+        ge=0, allow_inf_nan=False, description="USD per million output tokens (reasoning included)"
+    )
     cache_read_mtok: float | None = Field(
-        None, ge=0, description="USD per million input tokens read from the cache; unset: input_mtok"
+        None,
+        ge=0,
+        allow_inf_nan=False,
+        description="USD per million input tokens read from the cache; unset: input_mtok",
     )
     cache_write_mtok: float | None = Field(
-        None, ge=0, description="USD per million input tokens written to the cache; unset: input_mtok"
+        None,
+        ge=0,
+        allow_inf_nan=False,
+        description="USD per million input tokens written to the cache; unset: input_mtok",
     )
     cache_write_1h_mtok: float | None = Field(
         None,
         ge=0,
+        allow_inf_nan=False,
         description="USD per million input tokens written to a cache kept an hour; unset: cache_write_mtok",
     )
 
