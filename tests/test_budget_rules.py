@@ -13,6 +13,7 @@ from turnwire_server.engine.budget_scopes import budgets_for, lowered, resets_in
 from turnwire_server.engine.budget_settings import BudgetLimit, BudgetSettings
 from turnwire_server.engine.cost import PriceBook
 from turnwire_server.engine.cost_settings import PricingSettings
+from turnwire_server.engine.errors import BudgetExhausted, BudgetRefused
 from turnwire_server.store.core.budget_rules import Reservation, fit_output, settle
 from turnwire_server.store.records import BudgetAsk, BudgetKey, BudgetLimits, BudgetSpend
 
@@ -107,3 +108,32 @@ def test_a_step_is_reserved_at_the_models_top_rates() -> None:
     )
     assert prices.rates("x:m", None) == pytest.approx((3e-6, 15e-6))
     assert prices.rates("scripted:unpriced", "scripted") is None
+
+
+def test_a_refusal_says_when_its_budget_resets_in_words() -> None:
+    """The message spells the wait and the clock time a period ends (RetryInfo keeps the seconds);
+    a conversation's says it never resets; a refusal not about spending (an unpriced model) says
+    neither (money trial: it read "it resets in 53,466 s")."""
+    why = "1,240 of its 1,200 tokens used or reserved"
+    day = BudgetRefused("tenant/day", why, 53_466.2)
+    assert str(day).endswith(f"{why}; it resets in 14 h 51 min (00:00 UTC)")
+    assert day.details().retry_after_seconds == 53_466.2
+    month = BudgetExhausted("principal/month", why, 3 * 86_400 + 7_300)
+    assert str(month).endswith("; it resets in 3 d 2 h (00:00 UTC on the 1st)")
+    assert str(BudgetExhausted("tenant/day", why, 59.6)).endswith("; it resets in 1 min (00:00 UTC)")
+    assert str(BudgetExhausted("tenant/day", why, 75)).endswith("; it resets in 1 min 15 s (00:00 UTC)")
+    assert str(BudgetExhausted("tenant/day", why, 0.2)).endswith("; it resets in 0 s (00:00 UTC)")
+    assert str(BudgetRefused("conversation", why)).endswith(f"{why}; a conversation's budget never resets")
+    assert str(BudgetExhausted("turn", why)).endswith(why)
+    unpriced = BudgetExhausted("conversation", "model x:y has no known price", say_reset=False)
+    assert str(unpriced).endswith("model x:y has no known price")
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_a_dollar_limit_or_price_must_be_finite(value: float) -> None:
+    """``usd: 1e400`` (YAML's infinity) was a valid budget, and ``.nan`` was refused as "should be
+    greater than or equal to 0"; both now say the number must be finite (money trial)."""
+    with pytest.raises(ValueError, match="finite number"):
+        BudgetLimit(usd=value)
+    with pytest.raises(ValueError, match="finite number"):
+        PricingSettings(models={"local:m": {"input_mtok": value, "output_mtok": 1.0}})

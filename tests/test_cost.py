@@ -40,6 +40,34 @@ def test_a_recorded_usage_costs_what_the_price_data_says(
     assert cost.usd > 0
 
 
+def test_a_cache_write_kept_an_hour_costs_the_hour_rate() -> None:
+    """Anthropic bills a one-hour cache write at twice the input price, a five-minute one at 1.25
+    times (docs/cost.md); before, every write was priced at the five-minute rate (money trial:
+    $0.003525 for a step that cost $0.00465)."""
+    usage = Usage(
+        input_tokens=2_600,
+        output_tokens=50,
+        cached_input_tokens=2_000,
+        cache_write_input_tokens=500,
+        cache_write_1h_input_tokens=500,
+    )
+    cost = PriceBook().cost("anthropic:claude-haiku-4-5", "anthropic", usage)
+    assert cost is not None
+    assert cost.usd == pytest.approx(expected_usd("anthropic", "claude-haiku-4-5", usage), rel=1e-9)
+    # $1 per million input: 100 uncached, 2 000 read at $0.10, 500 written for an hour at $2, 50 out at $5.
+    assert cost.usd == pytest.approx((100 * 1 + 2_000 * 0.1 + 500 * 2 + 50 * 5) / 1e6, rel=1e-9)
+    # A configured price: the hour's writes at cache_write_1h_mtok, else at cache_write_mtok.
+    mixed = Usage(input_tokens=1_000, cache_write_input_tokens=1_000, cache_write_1h_input_tokens=400)
+    rates = {"input_mtok": 1.0, "output_mtok": 5.0, "cache_write_mtok": 1.25}
+    book = PriceBook(PricingSettings(models={"local:m": {**rates, "cache_write_1h_mtok": 2.0}}))
+    hourly = book.cost("local:m", None, mixed)
+    assert hourly is not None and hourly.price_source == "config"
+    assert hourly.usd == pytest.approx((600 * 1.25 + 400 * 2.0) / 1e6, rel=1e-9)
+    book = PriceBook(PricingSettings(models={"local:m": rates}))
+    flat = book.cost("local:m", None, mixed)
+    assert flat is not None and flat.usd == pytest.approx(1_000 * 1.25 / 1e6, rel=1e-9)
+
+
 def test_an_unknown_model_costs_unknown_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:
     book = PriceBook()
     with caplog.at_level(logging.WARNING, logger="turnwire.cost"):

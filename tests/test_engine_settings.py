@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from turnwire.hooks import SessionConfig
-from turnwire_server.assembly import engine_settings
+from turnwire_server.assembly import engine_settings, metric_models
 from turnwire_server.config import load_settings
 from turnwire_server.engine.settings import EngineSettings, LimitsSettings
 
@@ -42,3 +42,24 @@ def test_sections_are_frozen_and_engine_settings_keyword_only() -> None:
         "checkpoint",
         "durability",
     }
+
+
+def test_fallback_and_subagent_models_label_the_metrics_by_name() -> None:
+    """A fallback's steps are counted under its own id (docs/operate/metrics.md: ids the
+    configuration names are labels); before, ``openai:gpt-4o`` named only under ``fallback.models``
+    was counted as ``openai:other`` (money trial)."""
+    sdk = {"api_key_env": None}
+    settings = load_settings(
+        default_model="anthropic:claude-sonnet-4-5",
+        providers={"anthropic": {"type": "anthropic", **sdk}, "openai": {"type": "openai", **sdk}},
+        fallback={"models": {"anthropic:claude-haiku-4-5": ["openai:gpt-4o", "openai:gpt-4o-mini"]}},
+        subagents=[{"name": "helper", "description": "helps", "model": "openai:gpt-4.1"}],
+    )
+    known = metric_models(settings, SessionConfig())
+    assert {
+        "anthropic:claude-sonnet-4-5",
+        "anthropic:claude-haiku-4-5",
+        "openai:gpt-4o",
+        "openai:gpt-4o-mini",
+        "openai:gpt-4.1",
+    } <= known

@@ -134,6 +134,7 @@ class ScriptedUsage(BaseModel):
     reasoning_tokens: int = 0
     cached_input_tokens: int = 0
     cache_write_input_tokens: int = 0
+    cache_write_1h_input_tokens: int = 0
 
 
 class ScriptStep(BaseModel):
@@ -641,6 +642,7 @@ class ScriptedProvider:
                 reasoning_tokens=reasoning_tokens,
                 cached_input_tokens=step.usage.cached_input_tokens,
                 cache_write_input_tokens=step.usage.cache_write_input_tokens,
+                cache_write_1h_input_tokens=step.usage.cache_write_1h_input_tokens,
             ),
             response_id=f"scripted-{request.step_number}",
             response_model=f"scripted:{request.model}",

@@ -86,6 +86,9 @@ class Usage:
     reasoning_tokens: int = 0
     cached_input_tokens: int = 0
     cache_write_input_tokens: int = 0
+    cache_write_1h_input_tokens: int = 0
+    """Of ``cache_write_input_tokens``, those written to a cache kept an hour (Anthropic's
+    ``ttl: 1h``), priced at their own, higher rate (docs/cost.md)."""
 
     def copy_to(self, target: message_pb2.Usage) -> None:
         """Write these counts into the proto ``target`` (in place)."""
@@ -95,6 +98,7 @@ class Usage:
         target.reasoning_tokens = self.reasoning_tokens
         target.cached_input_tokens = self.cached_input_tokens
         target.cache_write_input_tokens = self.cache_write_input_tokens
+        target.cache_write_1h_input_tokens = self.cache_write_1h_input_tokens
 
     def add(self, other: Usage) -> None:
         """Add ``other``'s counts to this one, in place."""
@@ -104,6 +108,7 @@ class Usage:
         self.reasoning_tokens += other.reasoning_tokens
         self.cached_input_tokens += other.cached_input_tokens
         self.cache_write_input_tokens += other.cache_write_input_tokens
+        self.cache_write_1h_input_tokens += other.cache_write_1h_input_tokens
 
 
 @dataclass(frozen=True, slots=True)

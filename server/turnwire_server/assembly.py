@@ -152,8 +152,10 @@ def build_access(settings: Settings) -> AccessInterceptor | None:
 def metric_models(settings: Settings, session: SessionConfig) -> frozenset[str]:
     """The model ids the configuration names (``default_model``, each scripted provider's scripts,
     each SDK provider's ``models`` allow-list, the compaction summary model, the ids
-    ``pricing.models`` prices): the ones the
-    metrics label by name (``EngineSettings.metric_models``)."""
+    ``pricing.models`` prices, those ``fallback.models`` names on either side, each sub-agent's
+    ``model``): the ones the metrics label by name (``EngineSettings.metric_models``). A step a
+    fallback ran is counted under the fallback's id, so leaving those out put a configured
+    fallback's tokens and cost under ``<provider>:other``."""
     known = {settings.default_model}
     for name, entry in settings.providers.items():
         if isinstance(entry, ScriptedProviderSettings):
@@ -162,6 +164,9 @@ def metric_models(settings: Settings, session: SessionConfig) -> frozenset[str]:
             models = entry.models
         known.update(f"{name}:{model}" for model in models)
     known.update(settings.pricing.models)
+    for primary, fallbacks in settings.fallback.models.items():
+        known.update((primary, *fallbacks))
+    known.update(agent.model for agent in settings.subagents if agent.model is not None)
     summary_model = getattr(session.compaction.strategy, "model", None) if session.compaction else None
     if isinstance(summary_model, str):
         known.add(summary_model)

@@ -112,6 +112,11 @@ async def test_an_overloaded_model_falls_back_before_any_output(
     assert step.cost.usd == pytest.approx(expected_usd("openai", "gpt-4o", usage), rel=1e-9)
     assert result.text == "Sunny in Paris."
     assert stored.messages[-1].parts[-1].text.text == "Sunny in Paris."
+    # The log says why the step fell back, as the provider answered it.
+    assert (
+        f"{PRIMARY} failed (transient: HTTP 529 overloaded_error): the step runs on {FALLBACK}"
+        in sidecar.log_text()
+    )
 
 
 async def test_a_later_step_falls_back_with_the_history_converted(

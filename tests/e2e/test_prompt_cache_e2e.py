@@ -62,9 +62,13 @@ def _config(replay: ReplayServer, caching: str = "5m") -> dict[str, object]:
     }
 
 
-def _anthropic_reply(uncached: int, read: int, write: int, output: int) -> Reply:
+def _anthropic_reply(uncached: int, read: int, write: int, output: int, hour: int | None = None) -> Reply:
+    """``hour``: of the writes, those kept an hour, reported as the API does (``cache_creation``)."""
     start = a_start(input_tokens=uncached)
     start["message"]["usage"].update(cache_read_input_tokens=read, cache_creation_input_tokens=write)
+    if hour is not None:
+        by_ttl = {"ephemeral_5m_input_tokens": write - hour, "ephemeral_1h_input_tokens": hour}
+        start["message"]["usage"]["cache_creation"] = by_ttl
     return Reply.sse(
         anthropic_sse(
             start,
@@ -174,6 +178,34 @@ async def test_anthropic_requests_carry_breakpoints_and_cached_tokens_reach_usag
             usage.cache_write_input_tokens,
         )
         assert step.cost.usd == pytest.approx(expected_usd("anthropic", "claude-haiku-4-5", usage), rel=1e-9)
+
+
+async def test_an_hour_long_cache_write_is_priced_at_the_hour_rate(
+    sidecar_factory: SidecarFactory, replay: ReplayServer
+) -> None:
+    """``prompt_caching: 1h``: the markers ask for an hour, and the writes the API reports kept an
+    hour reach the step's usage and cost at twice the input price (before: the five-minute rate,
+    1.25 times; money trial)."""
+    sidecar = await sidecar_factory(config=_config(replay, caching="1h")).start()
+    replay.enqueue(_anthropic_reply(uncached=100, read=2000, write=500, output=50, hour=500))
+    async with TurnwireClient(sidecar.target) as client:
+        result = await collect(client.chat("hour", "hi", model="anthropic:claude-haiku-4-5"))
+    assert result.status == event_pb2.TURN_STATUS_COMPLETED, result.error
+    (request,) = replay.requests
+    assert request.json["system"][0]["cache_control"] == {"type": "ephemeral", "ttl": "1h"}
+    (step,) = [e.step_finish for e in result.events if e.WhichOneof("event") == "step_finish"]
+    assert (step.usage.cache_write_input_tokens, step.usage.cache_write_1h_input_tokens) == (500, 500)
+    usage = Usage(
+        input_tokens=2600,
+        cached_input_tokens=2000,
+        cache_write_input_tokens=500,
+        cache_write_1h_input_tokens=500,
+        output_tokens=50,
+    )
+    assert step.cost.usd == pytest.approx(expected_usd("anthropic", "claude-haiku-4-5", usage), rel=1e-9)
+    # $1 per million input: 100 uncached, 2 000 read at $0.10, 500 written for an hour at $2, 50 out at $5.
+    assert step.cost.usd == pytest.approx((100 + 2000 * 0.1 + 500 * 2 + 50 * 5) / 1e6, rel=1e-9)
+    assert result.usage.cache_write_1h_input_tokens == 500
 
 
 async def test_prompt_caching_off_sends_no_breakpoint(

@@ -29,6 +29,8 @@ export interface Usage {
   reasoningTokens: number;
   cachedInputTokens: number;
   cacheWriteInputTokens: number;
+  /** Of cacheWriteInputTokens, those written to a cache kept an hour. */
+  cacheWrite1hInputTokens: number;
 }
 
 /** One tool call with its input and result as plain JSON values. */
@@ -186,6 +188,7 @@ export function plainUsage(usage: UsageMessage | undefined): Usage {
     reasoningTokens: Number(usage?.reasoningTokens ?? 0n),
     cachedInputTokens: Number(usage?.cachedInputTokens ?? 0n),
     cacheWriteInputTokens: Number(usage?.cacheWriteInputTokens ?? 0n),
+    cacheWrite1hInputTokens: Number(usage?.cacheWrite1hInputTokens ?? 0n),
   };
 }
 

@@ -25,7 +25,7 @@ class BudgetLimit(ConfigSection):
     model_config = ConfigDict(frozen=True)
 
     tokens: int | None = Field(None, ge=1, description="most input plus output tokens")
-    usd: float | None = Field(None, ge=0, description="most US dollars")
+    usd: float | None = Field(None, ge=0, allow_inf_nan=False, description="most US dollars")
 
     @property
     def limited(self) -> bool:

@@ -223,7 +223,7 @@ class StepBudgets:
                 else f"pricing is off (pricing.enabled: false), so no step of model {model_id} can be "
                 "reserved against a US dollar budget (turn pricing on, or limit tokens)"
             )
-            await self._refuse(priced[0], why)
+            await self._refuse(priced[0], why, about_spend=False)
         usd_in, usd_out = rates or (0.0, 0.0)
         # EstimateTokens.count, in its parts: the messages' kept by object where they can be.
         framing = _ESTIMATE.framing(request)
@@ -255,12 +255,13 @@ class StepBudgets:
         settings = dataclasses.replace(request.settings, max_output_tokens=granted)
         return dataclasses.replace(request, settings=settings)
 
-    async def _refuse(self, scope: str, why: str) -> None:
+    async def _refuse(self, scope: str, why: str, *, about_spend: bool = True) -> None:
         """End the turn (the last step settled, nothing reserved): ``scope``'s budget has no
-        room, ``why``. Raises :class:`TurnFailure`."""
+        room, ``why`` (``about_spend`` False: not for what was spent, so the message does not say
+        when the budget resets). Raises :class:`TurnFailure`."""
         await self.close()
         metrics.BUDGET_EXHAUSTED.labels(self._tenant, scope).inc()
-        error = BudgetExhausted(scope, why)
+        error = BudgetExhausted(scope, why, say_reset=about_spend)
         raise TurnFailure("step", error) from error
 
     async def _granted(

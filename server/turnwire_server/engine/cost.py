@@ -9,7 +9,8 @@ wins over the data; its source is ``config``.
 
 Usage maps to genai-prices' units as both define them: ``input_tokens`` (all input, cached
 included) → ``input_tokens``, ``cached_input_tokens`` → ``cache_read_tokens``,
-``cache_write_input_tokens`` → ``cache_write_tokens``, ``output_tokens`` (reasoning included) →
+``cache_write_input_tokens`` → ``cache_write_tokens`` (of which ``cache_write_1h_input_tokens`` →
+``cache_write_1h_tokens``, at the one-hour rate), ``output_tokens`` (reasoning included) →
 ``output_tokens``, ``reasoning_tokens`` → ``output_reasoning_tokens`` (a part of the output,
 priced apart only where the data has a reasoning rate).
 
@@ -170,12 +171,17 @@ class CostTotal:
 def _usage(usage: Usage) -> Any:
     from genai_prices.types import Usage as PriceUsage  # here, not at start-up
 
+    # The hour's writes only when there are some: genai-prices then prices them at its one-hour
+    # rate (a model without one, at the write rate) and the rest of the writes at five minutes'.
+    hour_writes = usage.cache_write_1h_input_tokens
+    hour = {"cache_write_1h_tokens": hour_writes} if hour_writes else {}
     return PriceUsage(
         input_tokens=usage.input_tokens,
         cache_read_tokens=usage.cached_input_tokens,
         cache_write_tokens=usage.cache_write_input_tokens,
         output_tokens=usage.output_tokens,
         output_reasoning_tokens=usage.reasoning_tokens,
+        **hour,
     )
 
 
@@ -196,5 +202,6 @@ def _configured(prices: ModelPrices, usage: Usage) -> float:
         output_mtok=rate(prices.output_mtok),
         cache_read_mtok=rate(prices.cache_read_mtok),
         cache_write_mtok=rate(prices.cache_write_mtok),
+        cache_write_1h_mtok=rate(prices.cache_write_1h_mtok),
     )
     return float(model_price.calc_price(_usage(usage))["total_price"])

@@ -18,15 +18,30 @@ from turnwire_server.config_section import ConfigSection
 class ModelPrices(ConfigSection):
     """One model's prices in US dollars per million tokens. ``input_mtok`` prices every input
     token the cache rates do not; ``cache_read_mtok`` / ``cache_write_mtok`` the cached ones
-    (unset: at ``input_mtok``); ``output_mtok`` every output token, reasoning included."""
+    (unset: at ``input_mtok``), ``cache_write_1h_mtok`` writes kept an hour (unset: at
+    ``cache_write_mtok``); ``output_mtok`` every output token, reasoning included."""
 
-    input_mtok: float = Field(ge=0, description="USD per million input tokens")
-    output_mtok: float = Field(ge=0, description="USD per million output tokens (reasoning included)")
+    input_mtok: float = Field(ge=0, allow_inf_nan=False, description="USD per million input tokens")
+    output_mtok: float = Field(
+        ge=0, allow_inf_nan=False, description="USD per million output tokens (reasoning included)"
+    )
     cache_read_mtok: float | None = Field(
-        None, ge=0, description="USD per million input tokens read from the cache; unset: input_mtok"
+        None,
+        ge=0,
+        allow_inf_nan=False,
+        description="USD per million input tokens read from the cache; unset: input_mtok",
     )
     cache_write_mtok: float | None = Field(
-        None, ge=0, description="USD per million input tokens written to the cache; unset: input_mtok"
+        None,
+        ge=0,
+        allow_inf_nan=False,
+        description="USD per million input tokens written to the cache; unset: input_mtok",
+    )
+    cache_write_1h_mtok: float | None = Field(
+        None,
+        ge=0,
+        allow_inf_nan=False,
+        description="USD per million input tokens written to a cache kept an hour; unset: cache_write_mtok",
     )
 
 

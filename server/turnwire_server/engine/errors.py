@@ -391,16 +391,20 @@ class StoppedByInput(DomainError):
 class BudgetExhausted(DomainError):
     """A budget (docs/cost.md, "Budgets") has no room for the next model step: ``budget`` names
     it (``turn``, ``conversation``, ``tenant/day``, ``tenant/month``), ``why`` says what ran out;
-    ``resets_in_seconds`` is when a period's budget resets (None: never). A turn that meets it
-    ends ``error`` with this reason, its partial reply stored."""
+    ``resets_in_seconds`` is when a period's budget resets (None: never); the message says when,
+    unless ``say_reset`` is False (a refusal that is not about what was spent, such as an unpriced
+    model under a dollar budget). A turn that meets it ends ``error`` with this reason, its partial
+    reply stored."""
 
     error_reason = reasons.ERROR_REASON_BUDGET_EXHAUSTED
     status_code = CanonicalCode.RESOURCE_EXHAUSTED
     room_for = "another model step"
     """What the budget has no room for, in the message."""
 
-    def __init__(self, budget: str, why: str, resets_in_seconds: float | None = None) -> None:
-        when = "" if resets_in_seconds is None else f"; it resets in {resets_in_seconds:,.0f} s"
+    def __init__(
+        self, budget: str, why: str, resets_in_seconds: float | None = None, *, say_reset: bool = True
+    ) -> None:
+        when = _when_it_resets(budget, resets_in_seconds) if say_reset else ""
         super().__init__(f"the {budget} budget has no room for {self.room_for}: {why}{when}")
         self.budget = budget
         self.why = why
@@ -413,6 +417,30 @@ class BudgetExhausted(DomainError):
             quota_violations=((self.budget, self.why),),
             retry_after_seconds=self.resets_in_seconds,
         )
+
+
+def _when_it_resets(budget: str, seconds: float | None) -> str:
+    """The message's end saying when ``budget`` resets: ``; it resets in 14 h 51 min (00:00 UTC)``
+    for a period's (``seconds`` until then; a day's ends at 00:00 UTC, a month's at 00:00 UTC on
+    the 1st: docs/cost.md), ``; a conversation's budget never resets`` for a conversation's, ""
+    for a turn's or a step's. Spelt for a person reading it: RetryInfo carries the seconds."""
+    if seconds is None:
+        return "; a conversation's budget never resets" if budget == "conversation" else ""
+    whole = max(0, round(seconds))
+    days, rest = divmod(whole, 86_400)
+    hours, rest = divmod(rest, 3_600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        span = f"{days} d {hours} h"
+    elif hours:
+        span = f"{hours} h {minutes} min"
+    else:
+        parts = [f"{minutes} min"] if minutes else []
+        if secs or not minutes:
+            parts.append(f"{secs} s")
+        span = " ".join(parts)
+    at = "00:00 UTC on the 1st" if budget.endswith("/month") else "00:00 UTC"
+    return f"; it resets in {span} ({at})"
 
 
 class BudgetRefused(BudgetExhausted, AdmissionRefused):

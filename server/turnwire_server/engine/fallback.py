@@ -125,11 +125,17 @@ class Fallbacks:
         self._failed(model_id)
         chosen = next((m for m in untried if not self._open(m)), untried[0])
         metrics.FALLBACKS.labels(model_id.partition(":")[0], chosen.partition(":")[0], classification).inc()
+        error = context.error
+        # What the provider answered (never its message: that is the provider's text), so the log
+        # says why a fallback ran: "(transient: HTTP 529 overloaded_error)".
+        status = f"HTTP {error.status}" if error.status else ""
+        answer = " ".join(part for part in (status, error.type) if part)
         log.warning(
-            "turn %s: %s failed (%s): the step runs on %s",
+            "turn %s: %s failed (%s%s): the step runs on %s",
             context.request_id,
             model_id,
             classification,
+            f": {answer}" if answer else "",
             chosen,
         )
         return chosen

@@ -380,6 +380,8 @@ class AnthropicDecoder:
         input_tokens = as_int(usage.get("input_tokens")) + cache_read + cache_write
         output_tokens = as_int(usage.get("output_tokens"))
         details = usage.get("output_tokens_details") or {}
+        # The writes' split by TTL (``cache_creation``): an hour's cost more than five minutes'.
+        by_ttl = usage.get("cache_creation") or {}
         return Usage(
             input_tokens=input_tokens,
             output_tokens=output_tokens,
@@ -387,6 +389,7 @@ class AnthropicDecoder:
             reasoning_tokens=as_int(details.get("thinking_tokens")),
             cached_input_tokens=cache_read,
             cache_write_input_tokens=cache_write,
+            cache_write_1h_input_tokens=min(cache_write, as_int(by_ttl.get("ephemeral_1h_input_tokens"))),
         )
 
     def _finish(self) -> Sequence[ModelChunk]:

@@ -120,6 +120,7 @@ class Usage:
         reasoning_tokens: Generated tokens spent on reasoning.
         cached_input_tokens: Prompt tokens read from the provider's cache.
         cache_write_input_tokens: Prompt tokens written to the provider's cache.
+        cache_write_1h_input_tokens: Of those, the ones written to a cache kept an hour.
     """
 
     input_tokens: int = 0
@@ -128,6 +129,7 @@ class Usage:
     reasoning_tokens: int = 0
     cached_input_tokens: int = 0
     cache_write_input_tokens: int = 0
+    cache_write_1h_input_tokens: int = 0
 
     @classmethod
     def from_proto(cls, usage: message_pb2.Usage) -> Usage:
@@ -139,6 +141,7 @@ class Usage:
             reasoning_tokens=usage.reasoning_tokens,
             cached_input_tokens=usage.cached_input_tokens,
             cache_write_input_tokens=usage.cache_write_input_tokens,
+            cache_write_1h_input_tokens=usage.cache_write_1h_input_tokens,
         )
 
 

@@ -874,6 +874,7 @@ class Usage(_message.Message):
     REASONING_TOKENS_FIELD_NUMBER: _builtins.int
     CACHED_INPUT_TOKENS_FIELD_NUMBER: _builtins.int
     CACHE_WRITE_INPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    CACHE_WRITE_1H_INPUT_TOKENS_FIELD_NUMBER: _builtins.int
     input_tokens: _builtins.int
     """Prompt tokens, cached ones included."""
     output_tokens: _builtins.int
@@ -886,6 +887,10 @@ class Usage(_message.Message):
     """Prompt tokens read from the provider's cache."""
     cache_write_input_tokens: _builtins.int
     """Prompt tokens written to the provider's cache (Anthropic cache creation)."""
+    cache_write_1h_input_tokens: _builtins.int
+    """Of cache_write_input_tokens, those written to a cache kept an hour
+    (Anthropic's `ttl: 1h`), which cost more than a five-minute write.
+    """
     def __init__(
         self,
         *,
@@ -895,10 +900,11 @@ class Usage(_message.Message):
         reasoning_tokens: _builtins.int = ...,
         cached_input_tokens: _builtins.int = ...,
         cache_write_input_tokens: _builtins.int = ...,
+        cache_write_1h_input_tokens: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_write_input_tokens", b"cache_write_input_tokens", "cached_input_tokens", b"cached_input_tokens", "input_tokens", b"input_tokens", "output_tokens", b"output_tokens", "reasoning_tokens", b"reasoning_tokens", "total_tokens", b"total_tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_write_1h_input_tokens", b"cache_write_1h_input_tokens", "cache_write_input_tokens", b"cache_write_input_tokens", "cached_input_tokens", b"cached_input_tokens", "input_tokens", b"input_tokens", "output_tokens", b"output_tokens", "reasoning_tokens", b"reasoning_tokens", "total_tokens", b"total_tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
