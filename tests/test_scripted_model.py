@@ -240,3 +240,40 @@ async def test_a_refused_request_reports_no_usage_and_an_in_stream_error_its_inp
             seen.append(chunk)
     assert raised.value.in_stream
     assert isinstance(seen[0], UsageUpdate)  # the input, counted at stream start
+
+
+@pytest.mark.parametrize(
+    ("status", "error_type"),
+    [
+        # Anthropic's API, https://docs.claude.com/en/api/errors: the type it sends with each status.
+        (400, "invalid_request_error"),
+        (401, "authentication_error"),
+        (402, "billing_error"),
+        (403, "permission_error"),
+        (404, "not_found_error"),
+        (409, "conflict_error"),
+        (413, "request_too_large"),
+        (422, "invalid_request_error"),  # another 4xx
+        (429, "rate_limit_error"),
+        (500, "api_error"),
+        (503, "api_error"),
+        (504, "timeout_error"),
+        (529, "overloaded_error"),
+    ],
+)
+@pytest.mark.parametrize("after_chunks", [0, 1], ids=["refused", "in-stream"])
+async def test_a_scripted_error_has_the_type_and_body_anthropic_sends_with_its_status(
+    status: int, error_type: str, after_chunks: int
+) -> None:
+    step = ScriptStep(text="Hi.", error=ScriptedError(message="no", status=status, after_chunks=after_chunks))
+    with pytest.raises(ProviderError) as raised:
+        await chunks(ScriptedProvider({"main": [step]}), 0)
+    assert (raised.value.status, raised.value.type) == (status, error_type)
+    assert raised.value.body == {"type": "error", "error": {"type": error_type, "message": "no"}}
+
+
+async def test_a_scripted_errors_own_type_wins() -> None:
+    step = ScriptStep(error=ScriptedError(message="slow down", status=529, type="rate_limit_error"))
+    with pytest.raises(ProviderError) as raised:
+        await chunks(ScriptedProvider({"main": [step]}), 0)
+    assert raised.value.type == "rate_limit_error"

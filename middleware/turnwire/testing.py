@@ -103,14 +103,42 @@ class ScriptedToolCall(BaseModel):
     output: Any = None
 
 
+ANTHROPIC_ERROR_TYPES: Mapping[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "conflict_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+"""The ``error.type`` Anthropic's API sends with each HTTP status
+(https://docs.claude.com/en/api/errors); another 4xx is ``invalid_request_error``, another
+status ``api_error``."""
+
+
+def anthropic_error_type(status: int) -> str:
+    """The ``error.type`` Anthropic's API sends with HTTP ``status`` (:data:`ANTHROPIC_ERROR_TYPES`)."""
+    if status in ANTHROPIC_ERROR_TYPES:
+        return ANTHROPIC_ERROR_TYPES[status]
+    return "invalid_request_error" if 400 <= status < 500 else "api_error"
+
+
 class ScriptedError(BaseModel):
-    """An error a script step raises, as a provider would (see ProviderError)."""
+    """An error a script step raises, as a provider would (see ProviderError): as Anthropic's
+    API sends it, ``{"type": "error", "error": {"type", "message"}}`` with HTTP ``status``.
+    ``type`` unset: the type Anthropic sends with that status (:func:`anthropic_error_type`:
+    ``overloaded_error`` for 529, ``rate_limit_error`` for 429 …)."""
 
     model_config = ConfigDict(extra="forbid")
 
     message: str
     status: int = 500
-    type: str = "api_error"
+    type: str = Field("", description="the error's type; empty: Anthropic's for the status")
     code: str = ""
     retryable: bool = False
     retry_after_seconds: float | None = None
@@ -120,6 +148,11 @@ class ScriptedError(BaseModel):
         description="chunks to stream before failing (more than 0: the error is in_stream, after the "
         "step reported its input usage; 0: the request is refused, with no usage)",
     )
+
+    @model_validator(mode="after")
+    def _type_of_status(self) -> ScriptedError:
+        self.type = self.type or anthropic_error_type(self.status)
+        return self
 
 
 class ScriptedUsage(BaseModel):
@@ -539,7 +572,7 @@ class ScriptedProvider:
                     retryable=step.error.retryable,
                     retry_after_seconds=step.error.retry_after_seconds,
                     provider=self.name,
-                    body={"error": {"type": step.error.type, "message": step.error.message}},
+                    body={"type": "error", "error": {"type": step.error.type, "message": step.error.message}},
                     in_stream=step.error.after_chunks > 0,
                 )
                 # The adapters' rule: an overflow or a fatal error is never retryable.
