@@ -367,6 +367,30 @@ async def test_a_turn_left_interrupted_settles_what_it_had_reserved(
     assert (await h.store.budget_spends([tenant]))[tenant] == BudgetSpend(3_000, 0.0, 0, 0.0)
 
 
+async def test_a_turn_left_interrupted_is_never_ended_with_its_reservation_still_held(
+    make_engine: EngineFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its end and its settlement are one transaction: a crash right after the write that ends it
+    # cannot leave the reservation held (it was two, the settlement second).
+    tenant = BudgetKey("tenant/day", "", "2026-12-02")
+    await _crashed_with_a_reservation(tmp_path, "c-once", BudgetLimits(tenant, tokens=100_000), recoveries=3)
+    h = await make_engine(recovery_budget=3)
+    finish_turn = h.store.finish_turn
+    at_end: list[BudgetSpend] = []
+
+    async def finish_then_look(*args: Any, **kwargs: Any) -> Any:
+        result = await finish_turn(*args, **kwargs)
+        at_end.append((await h.store.budget_spends([tenant]))[tenant])
+        return result
+
+    monkeypatch.setattr(h.store, "finish_turn", finish_then_look)
+    await h.engine.recover()
+    turn = await h.store.get_turn("r-c-once")
+    assert turn is not None and turn.state == "interrupted"
+    assert at_end == [BudgetSpend(3_000, 0.0, 0, 0.0)], "settled, once, by the write that ended it"
+    assert (await h.store.budget_spends([tenant]))[tenant] == BudgetSpend(3_000, 0.0, 0, 0.0)
+
+
 async def _crashed_with_a_reservation(
     tmp_path: Path, conversation_id: str, budget: BudgetLimits, principal: str = "", *, recoveries: int = 0
 ) -> None:

@@ -160,7 +160,8 @@ async def test_the_final_writes_settlement_charges_a_lost_attempt_at_its_reserva
 async def test_an_abandoned_turns_settlement_charges_every_reservation_at_what_it_reserved(
     store: Store,
 ) -> None:
-    # settle_abandoned's charge: no lease, no use: each reservation at what it reserved, once.
+    # A lost attempt's charge (abandoned_charge's, with no lease): no use, each reservation at
+    # what it reserved, once.
     mine = await _started(store, "r1")
     budgets = (
         BudgetLimits(CONVERSATION, tokens=10_000, conversation_id="c"),

@@ -204,6 +204,11 @@ class Provider(Protocol):
     ending with one :class:`FinishStep`, and raises :class:`ProviderError` on
     failure. Closing the iterator (``aclose``) must stop the underlying HTTP
     stream at once.
+
+    Optional: an adapter whose requests may write a prompt cache billed above the input price
+    has ``cache_writes(request: ModelRequest | None) -> "5m" | "1h" | None``, the longest
+    lifetime a step of ``request`` (None: one not built yet) may write at; a budget in US
+    dollars reserves its prompt at that write's price (docs/cost.md, "Budgets").
     """
 
     name: str

@@ -4,7 +4,8 @@ admission's check and first reservation: :mod:`.budget_admission`).
 
 A step reserves its prompt (an estimate: :class:`turnwire.compaction.EstimateTokens`) plus its
 ``max_output_tokens`` (``budgets.assumed_max_output_tokens`` when unset), in tokens and, priced
-at the model's top-tier uncached rates (:meth:`PriceBook.rates`), in US dollars. The store grants
+at the model's top-tier rates (:meth:`PriceBook.rates`: the prompt uncached, or at the cache
+write's rate when the step may write the prompt cache, :func:`cache_writes`), in US dollars. The store grants
 the most output that fits every budget in the transaction that takes the reservation
 (:meth:`~turnwire_server.store.budgets.BudgetStore.charge_budget`); the step is sent with
 ``max_output_tokens`` clamped to it. No room for ``budgets.min_output_tokens`` (default 1): the turn ends
@@ -31,7 +32,7 @@ import functools
 import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from prometheus_client import Gauge
 
@@ -43,7 +44,7 @@ from turnwire_server.engine import metrics
 from turnwire_server.engine.budget_refusals import refusal_text, step_refusal_text
 from turnwire_server.engine.budget_scopes import applies, budget_states, budgets_for, lowered, resets_in
 from turnwire_server.engine.budget_settings import BudgetLimit, BudgetSettings
-from turnwire_server.engine.cost import PriceBook
+from turnwire_server.engine.cost import CacheWrites, PriceBook
 from turnwire_server.engine.errors import BudgetExhausted, TurnFailure
 from turnwire_server.engine.turn_state import TurnWorkingState
 from turnwire_server.store.budgets import BudgetStore
@@ -55,6 +56,7 @@ from turnwire_server.store.records import (
     BudgetLimits,
     BudgetSpend,
     TurnLease,
+    TurnRecord,
 )
 from turnwire_server.tenant_keys import tenant_of_key
 
@@ -65,9 +67,10 @@ if TYPE_CHECKING:
 __all__ = [
     "StepBudgets",
     "StepLimit",
+    "abandoned_charge",
+    "cache_writes",
     "covers",
     "settle",
-    "settle_abandoned",
     "step_budgets",
     "step_limit",
     "unsettled",
@@ -210,7 +213,7 @@ class StepBudgets:
             return request  # none applies (a principal's, authentication off): nothing to write
         asked = request.settings.max_output_tokens
         max_output = asked if asked is not None else self.settings.assumed_max_output_tokens
-        rates = self.prices.rates(model_id, provider_type)
+        rates = self.prices.rates(model_id, provider_type, cache_writes(provider, request))
         priced = [budget.key.scope for budget in budgets if budget.usd is not None]
         if step is not None and step.usd is not None:
             priced.append("step")
@@ -421,12 +424,24 @@ def _spent_gauges(tenant: str, scope: str) -> tuple[Gauge, Gauge]:
     )
 
 
-async def settle_abandoned(store: BudgetStore, request_id: str, conversation_id: str) -> None:
-    """Settle what turn ``request_id``, which will not run again (left interrupted after a
-    crash), still has reserved: at what it reserved, as a lost attempt's; nothing to do (one
-    read) when it reserved nothing. Runs whatever the configuration, so budgets a previous
+def cache_writes(provider: object, request: ModelRequest | None) -> CacheWrites | None:
+    """The longest lifetime ``provider``'s step of ``request`` (None: one not built yet) may
+    write the prompt cache at (``5m``, ``1h``), as the provider's optional ``cache_writes``
+    says (an Anthropic Messages adapter with ``prompt_caching`` on, or markers in the request's
+    provider options), or None: a write costs more than uncached input, so the step's prompt is
+    reserved at the write's rate then (:meth:`PriceBook.rates`)."""
+    writes = getattr(provider, "cache_writes", None)
+    return None if writes is None else cast("CacheWrites | None", writes(request))
+
+
+def abandoned_charge(turn: TurnRecord) -> BudgetCharge:
+    """The charge that settles what ``turn``, which will not run again (left interrupted after a
+    crash), still has reserved: every reservation at what it reserved, as a lost attempt's (no
+    use reported), under ``turn.lease``. For ``Store.finish_turn``'s ``budget``, so the turn's
+    end and the settlement are one transaction; nothing to settle when it reserved nothing.
+    Names no budget, so it applies whatever the configuration: budgets a previous
     configuration charged are not left reserved forever."""
-    await store.charge_budget(BudgetCharge(request_id, conversation_id, None, ()))
+    return BudgetCharge(turn.request_id, turn.conversation_id, turn.lease, ())
 
 
 def step_budgets(

@@ -25,12 +25,16 @@ import logging
 from dataclasses import dataclass, field
 from decimal import Decimal
 from importlib import metadata
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
 from turnwire.types import Cost, Usage
 from turnwire_server.engine.cost_settings import ModelPrices, PricingSettings
 
 log = logging.getLogger("turnwire.cost")
+
+CacheWrites: TypeAlias = Literal["5m", "1h"]
+"""The longest lifetime a step may write the prompt cache at (``5m``, ``1h``), which decides
+the most a prompt token of it can cost (:meth:`PriceBook.rates`)."""
 
 PRICE_PACKAGE = "genai-prices"
 """The distribution the price data comes with; a cost's source names it and its version."""
@@ -64,7 +68,8 @@ class PriceBook:
         self._warned: set[str] = set()
         self._unlisted: set[str] = set()  # model ids the price data does not know: not looked up again
         self._source: str | None = None  # genai-prices <version>, read at the first use
-        self._rates: dict[str, tuple[float, float] | None] = {}  # by model id, for budgets
+        # By model id and the cache writes a step may make, for budgets.
+        self._rates: dict[tuple[str, CacheWrites | None], tuple[float, float] | None] = {}
 
     def price_list(self, model_id: str, provider_type: str | None) -> str | None:
         """The genai-prices provider id ``model_id``'s entry is priced under, or None."""
@@ -96,22 +101,42 @@ class PriceBook:
             self._warn(model_id, f"{PRICE_PACKAGE} cannot price its usage ({error})")
         return None
 
-    def rates(self, model_id: str, provider_type: str | None) -> tuple[float, float] | None:
+    def rates(
+        self, model_id: str, provider_type: str | None, cache_writes: CacheWrites | None = None
+    ) -> tuple[float, float] | None:
         """``(USD per input token, USD per output token)`` of ``model_id``, or None when its
-        cost is unknown: what a budget reserves a step at (docs/cost.md, "Budgets"). Priced as a
-        million uncached input tokens and a million output tokens: the top tier of tiered prices
-        and no cache discount, so a reservation is never below what the step can cost. Looked
-        up once per model id."""
-        if model_id not in self._rates:
+        cost is unknown: what a budget reserves a step at (docs/cost.md, "Budgets"), so that a
+        reservation is never below what the step can cost. Priced on a million input tokens and a
+        million output tokens: the top tier of tiered prices. The input at the highest rate a
+        prompt token can be billed at: uncached (no cache discount) or, when the step may write
+        the prompt cache (``cache_writes``: the longest lifetime it may write at, ``5m`` or
+        ``1h``; None: it writes none), a cache write, which costs more (Anthropic: 1.25 times the
+        input price for five minutes, twice for an hour). Looked up once per model id and
+        ``cache_writes``."""
+        key = (model_id, cache_writes)
+        if key not in self._rates:
+            million = 1_000_000
+            inputs = [Usage(input_tokens=million)]
+            if cache_writes is not None:  # a write kept an hour may sit beside five minutes' ones
+                inputs.append(Usage(input_tokens=million, cache_write_input_tokens=million))
+            if cache_writes == "1h":
+                inputs.append(
+                    Usage(
+                        input_tokens=million,
+                        cache_write_input_tokens=million,
+                        cache_write_1h_input_tokens=million,
+                    )
+                )
+            costs = [self.cost(model_id, provider_type, usage) for usage in inputs]
+            known = [cost.usd for cost in costs if cost is not None]
             # Tiers go by the input: the output's top-tier rate is what a million more adds.
-            per_input = self.cost(model_id, provider_type, Usage(input_tokens=1_000_000))
-            both = self.cost(model_id, provider_type, Usage(input_tokens=1_000_000, output_tokens=1_000_000))
-            self._rates[model_id] = (
+            both = self.cost(model_id, provider_type, Usage(input_tokens=million, output_tokens=million))
+            self._rates[key] = (
                 None
-                if per_input is None or both is None
-                else (per_input.usd / 1_000_000, (both.usd - per_input.usd) / 1_000_000)
+                if both is None or len(known) < len(costs)
+                else (max(known) / million, (both.usd - known[0]) / million)
             )
-        return self._rates[model_id]
+        return self._rates[key]
 
     def _data_source(self) -> str:
         if self._source is None:

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from turnwire_client.v1 import event_pb2, message_pb2
-from turnwire_server.engine.budgets import settle_abandoned
+from turnwire_server.engine.budgets import abandoned_charge
 from turnwire_server.engine.errors import RequestIdInUse, ServerRestarted, ShuttingDown
 from turnwire_server.engine.events import DetachedResponse
 from turnwire_server.engine.request import TurnRequest
@@ -118,11 +118,15 @@ async def recover_turn(
     end.turn_end.error.CopyFrom(error)
     if reply is not None:
         end.turn_end.message.CopyFrom(reply)
-    # Its TurnEnd with its end state, in one transaction (docs/semantics.md §8).
+    # Its TurnEnd with its end state, in one transaction (docs/semantics.md §8), which settles
+    # what its lost attempts left reserved too: a crash after this write leaves none held.
     await store.finish_turn(
-        record, reply, events=[(end.sequence_number, end.SerializeToString())], stream_ended=True
+        record,
+        reply,
+        events=[(end.sequence_number, end.SerializeToString())],
+        stream_ended=True,
+        budget=abandoned_charge(record),
     )
-    await settle_abandoned(store, turn.request_id, turn.conversation_id)
     log.warning(
         "turn %s of conversation %s left interrupted: %s",
         turn.request_id,

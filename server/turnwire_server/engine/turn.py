@@ -41,7 +41,7 @@ from turnwire_server.engine.budget_admission import (
     refusing_budgets,
 )
 from turnwire_server.engine.budget_scopes import applies
-from turnwire_server.engine.budgets import settle, step_budgets
+from turnwire_server.engine.budgets import cache_writes, settle, step_budgets
 from turnwire_server.engine.errors import (
     BudgetRefused,
     NothingToContinue,
@@ -201,7 +201,9 @@ class TurnRun(TurnAttempts):
             provider, _ = self.providers.resolve(self.request.model)
         except LookupError:
             return None  # the step says why
-        rates = settings.prices.rates(self.request.model, getattr(provider, "type", None))
+        # The request is not built yet: the cache writes its provider's own markers make.
+        writes = cache_writes(provider, None)
+        rates = settings.prices.rates(self.request.model, getattr(provider, "type", None), writes)
         self._charged_at = dt.datetime.now(dt.UTC)
         return admission_charge(
             settings.budgets,

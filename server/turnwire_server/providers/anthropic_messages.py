@@ -83,8 +83,9 @@ from turnwire_server.providers.convert import (
     check_structured_output,
     finish_step,
     finish_tool_calls,
+    provider_options,
 )
-from turnwire_server.providers.prompt_cache import CacheTtl, place_breakpoints
+from turnwire_server.providers.prompt_cache import CacheTtl, cache_writes, place_breakpoints
 from turnwire_server.providers.streaming import NOTHING, OpenStream, SdkCall, SdkProvider
 from turnwire_server.providers.wire import TextJoiner, clean_strings, load_json
 
@@ -536,6 +537,14 @@ class AnthropicMessagesProvider(SdkProvider[AnthropicClient]):
         prefix, name = f"s{request.step_number}", self.name
         taken = plan.call_ids
         return SdkCall(plan.kwargs, plan.extra_body, lambda: AnthropicDecoder(name, prefix, plan, taken))
+
+    def cache_writes(self, request: ModelRequest | None) -> CacheTtl | None:
+        """The longest lifetime a step of ``request`` (None: one not built yet, so only the
+        breakpoints this provider places count) may write the prompt cache at, ``5m`` or
+        ``1h``, or None when it places no marker (:func:`.prompt_cache.cache_writes`): what a
+        budget prices its prompt at (docs/cost.md, "Budgets")."""
+        options = {} if request is None else request.settings.provider_options or {}
+        return cache_writes(self.prompt_caching, provider_options(options, self.name, "anthropic"))
 
     def _create(self, client: AnthropicClient) -> OpenStream:
         return client.messages.with_streaming_response.create

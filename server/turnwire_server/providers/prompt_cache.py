@@ -18,10 +18,10 @@ reach the provider; ``turnwire_server.engine.ids.conversation_cache_key``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any, Final, Literal, TypeAlias
 
-__all__ = ["CacheTtl", "place_breakpoints"]
+__all__ = ["CacheTtl", "cache_writes", "place_breakpoints"]
 
 CacheTtl: TypeAlias = Literal["5m", "1h"]
 """How long Anthropic keeps a cached prefix after its last use; ``1h`` writes cost twice the
@@ -54,6 +54,31 @@ def place_breakpoints(kwargs: MutableMapping[str, Any], ttl: CacheTtl) -> int:
         kwargs["tools"] = [*tools[:-1], {**tools[-1], "cache_control": marker}]
         added += 1
     return added
+
+
+def cache_writes(ttl: CacheTtl | None, options: Mapping[str, Any]) -> CacheTtl | None:
+    """The longest lifetime a request may write the cache at (a write costs more than uncached
+    input, an hour's most: docs/cost.md, "Budgets"): ``1h`` when a marker the request's own
+    provider ``options`` place asks for an hour, or the breakpoints the sidecar places do
+    (``ttl``: theirs, None: it places none); else ``5m`` when either places one; else None."""
+    markers = list(_markers(options))
+    if ttl == "1h" or any(marker.get("ttl") == "1h" for marker in markers):
+        return "1h"
+    return "5m" if ttl is not None or markers else None
+
+
+def _markers(value: Any) -> Iterator[Mapping[str, Any]]:
+    """Every ``cache_control`` marker in provider options ``value`` (at the top, on tools, on
+    system blocks: anywhere)."""
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if key == "cache_control" and isinstance(item, Mapping):
+                yield item
+            else:
+                yield from _markers(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _markers(item)
 
 
 def _mark_last_message(kwargs: MutableMapping[str, Any], marker: dict[str, Any]) -> bool:
