@@ -8,9 +8,13 @@ from typing import Any, cast
 
 import anthropic
 import pytest
+from google.rpc import error_details_pb2
+from support.engine_harness import EngineFactory, collect, end_of
 
 from turnwire.providers import ModelRequest
+from turnwire.testing import ScriptedProvider, ScriptedUsage, ScriptStep
 from turnwire.types import ModelSettings, Usage
+from turnwire_client.v1 import event_pb2
 from turnwire_server.engine.budget_settings import BudgetSettings
 from turnwire_server.engine.budgets import StepBudgets
 from turnwire_server.engine.cost import PriceBook
@@ -126,3 +130,41 @@ async def test_a_step_reserves_its_prompt_at_the_rate_its_cache_writes_bill(
     assert charge.ask is not None and charge.ask.prompt_tokens > 900
     assert charge.ask.prompt_usd == pytest.approx(charge.ask.prompt_tokens * input_rate)
     assert charge.ask.usd_per_output_token == pytest.approx(22.5e-6)
+
+
+class _CachingModel(ScriptedProvider):
+    """A scripted model whose requests may write a cache kept an hour, as an Anthropic entry with
+    ``prompt_caching: 1h`` says."""
+
+    name = "cached"
+
+    def cache_writes(self, request: ModelRequest | None) -> CacheTtl | None:
+        return "1h"
+
+
+@pytest.mark.parametrize("model", ["cached:main", "plain:main"])
+async def test_a_turn_whose_steps_may_write_the_cache_is_held_to_the_writes_price(
+    make_engine: EngineFactory, model: str
+) -> None:
+    # A prompt of about 10 000 tokens: $0.03 uncached, $0.06 written for an hour. A turn budget of
+    # $0.045 has room for it uncached (and 1 000 tokens of output), none written for an hour.
+    step = [ScriptStep(text="Done.", usage=ScriptedUsage(input_tokens=10, output_tokens=2))]
+    prices = {"input_mtok": 3.0, "output_mtok": 15.0, "cache_write_mtok": 3.75, "cache_write_1h_mtok": 6.0}
+    plain = ScriptedProvider({"main": step}, strict=True)
+    plain.name = "plain"
+    h = await make_engine(
+        providers={"cached": _CachingModel({"main": step}, strict=True), "plain": plain},
+        prices=PriceBook(
+            PricingSettings.model_validate({"models": {"cached:main": prices, "plain:main": prices}})
+        ),
+        budgets=BudgetSettings.model_validate({"turn": {"usd": 0.045}, "min_output_tokens": 100}),
+    )
+    events = await collect(await h.engine.start(h.request("word " * 8_000, model=model)))
+    end = end_of(events)
+    if model == "plain:main":
+        assert end.status == event_pb2.TURN_STATUS_COMPLETED
+    else:
+        assert end.status == event_pb2.TURN_STATUS_ERROR
+        info = error_details_pb2.ErrorInfo()
+        assert any(detail.Unpack(info) for detail in end.error.details)
+        assert (info.reason, info.metadata["budget"]) == ("BUDGET_EXHAUSTED", "turn")
