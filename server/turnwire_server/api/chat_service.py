@@ -401,10 +401,11 @@ class ChatService(
                     reply.error.CopyFrom(status_pb2.Status.FromString(turn.error))
         end = start + len(page)
         turns = [_turn_without_reply(turn) for turn in unreplied]
-        places = turn_places(messages, [turn.start_time for turn in turns])
-        conversation.turns_without_reply.extend(
-            turn for turn, place in zip(turns, places, strict=True) if on_page(place, start, end)
-        )
+        if turns:  # placing them walks every message's time: not for a page that has none to place
+            places = turn_places(messages, [turn.start_time for turn in turns])
+            conversation.turns_without_reply.extend(
+                turn for turn, place in zip(turns, places, strict=True) if on_page(place, start, end)
+            )
         token = "" if following is None else encode_token(request.conversation_id, following)
         return chat_service_pb2.GetConversationResponse(conversation=conversation, next_page_token=token)
 
