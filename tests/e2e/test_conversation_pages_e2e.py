@@ -145,3 +145,37 @@ async def test_turns_without_a_reply_are_listed_on_the_page_of_their_place(
     assert any(d.Unpack(reason) for d in whole.turns_without_reply[0].error.details)
     assert reason.reason == "ROLLED_BACK"
     assert not whole.partial_replies
+
+
+async def test_a_page_starts_at_a_named_message(sidecar_factory: SidecarFactory) -> None:
+    """``start_message_id``: the page holds that message and those after it, its token goes on
+    after them; a message the conversation does not hold answers an empty page; not with a
+    ``page_token``. What the OpenAI door reads for ``previous_response_id`` instead of every page."""
+    sidecar = await sidecar_factory({}).start()
+    async with grpc.aio.insecure_channel(sidecar.target) as channel:
+        stub = chat_service_pb2_grpc.ChatServiceStub(channel)
+        add = chat_service_pb2.AddMessagesRequest(
+            conversation_id="named", messages=[_user(i, f"text {i}") for i in range(6)], allow_missing=True
+        )
+        await stub.AddMessages(add)
+
+        async def page(**fields: object) -> tuple[list[str], str]:
+            request = chat_service_pb2.GetConversationRequest(conversation_id="named", **fields)  # type: ignore[arg-type]
+            response = await stub.GetConversation(request)
+            return [m.id for m in response.conversation.messages], response.next_page_token
+
+        ids, token = await page(start_message_id="m3", page_size=2)
+        assert ids == ["m3", "m4"] and token
+        assert await page(page_token=token, page_size=2) == (["m5"], "")
+        assert await page(start_message_id="m5") == (["m5"], "")
+        assert await page(start_message_id="m-none", page_size=2) == ([], "")
+        try:
+            await page(start_message_id="m3", page_token=token)
+        except grpc.aio.AioRpcError as error:
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+            status = rpc_status.from_call(error)
+            violation = error_details_pb2.BadRequest()
+            assert status is not None and any(d.Unpack(violation) for d in status.details)
+            assert [v.field for v in violation.field_violations] == ["start_message_id"]
+        else:
+            raise AssertionError("start_message_id was accepted with a page_token")

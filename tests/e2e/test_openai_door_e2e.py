@@ -226,6 +226,36 @@ async def test_previous_response_id_of_an_older_response_continues_a_fork(
         await client.responses.create(input="four", previous_response_id="resp-unknown")
 
 
+def _said(role: message_pb2.Role.ValueType, text: str) -> message_pb2.Message:
+    message = message_pb2.Message(role=role)
+    message.parts.add().text.text = text
+    return message
+
+
+async def test_previous_response_id_forks_at_a_reply_an_added_assistant_message_follows(
+    client: openai.AsyncOpenAI, grpc_a: TurnwireClient
+) -> None:
+    """The latest turn is not the latest reply when an assistant message was added after it
+    (AddMessages, no turn): the response is forked at, as an older one is. User messages added
+    after it leave it the latest reply: its own conversation, with them, continues."""
+    first = await client.responses.create(input="one", conversation="oa-added")
+    await grpc_a.add_messages("oa-added", [_said(message_pb2.ROLE_USER, "noted")])
+    second = await client.responses.create(input="two", previous_response_id=first.id)
+    assert second.conversation is not None and second.conversation.id == "oa-added"
+    await grpc_a.add_messages("oa-added", [_said(message_pb2.ROLE_ASSISTANT, "an added reply")])
+    third = await client.responses.create(input="three", previous_response_id=second.id)
+    assert third.conversation is not None and third.conversation.id.startswith("conv-")
+    branch = await grpc_a.get_conversation(third.conversation.id)
+    assert [m.parts[0].text.text for m in branch.messages if m.role == message_pb2.ROLE_USER] == [
+        "one",
+        "noted",
+        "two",
+        "three",
+    ]
+    original = await grpc_a.get_conversation("oa-added")
+    assert original.messages[-1].parts[0].text.text == "an added reply"
+
+
 async def test_background_is_a_submission(client: openai.AsyncOpenAI) -> None:
     queued = await client.responses.create(input="later", conversation="oa-background", background=True)
     assert queued.status == "queued" and queued.background

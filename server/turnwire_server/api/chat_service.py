@@ -17,7 +17,13 @@ from turnwire.tools import Tool
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, event_pb2, message_pb2
 from turnwire_server.api.client_tool_input import check_client_tools
 from turnwire_server.api.fork_rpcs import ForkRpcs
-from turnwire_server.api.message_pages import decode_token, encode_token, on_page, page_of
+from turnwire_server.api.message_pages import (
+    decode_token,
+    encode_token,
+    message_index,
+    on_page,
+    page_of,
+)
 from turnwire_server.api.progress import Silence
 from turnwire_server.api.replays import replay_stream
 from turnwire_server.api.resources import conversation_proto, timestamp
@@ -353,6 +359,9 @@ class ChatService(
             check_id(request.conversation_id, "conversation_id", violations, required=True)
             if request.page_size < 0:
                 violations.append(("page_size", "must not be negative; 0 means as many as fit"))
+            check_id(request.start_message_id, "start_message_id", violations, required=False)
+            if request.start_message_id and request.page_token:
+                violations.append(("start_message_id", "not with page_token: give one of them"))
             raise_if_any(violations)
             start = 0
             if request.page_token:
@@ -375,6 +384,8 @@ class ChatService(
         except TurnwireStatusError as error:
             await abort(context, error)
             raise AssertionError("unreachable") from None
+        if request.start_message_id:
+            start = message_index(messages, request.start_message_id)
         page, following = page_of(messages, start, request.page_size)
         conversation = conversation_proto(record)
         conversation.messages.extend(page)
@@ -390,10 +401,11 @@ class ChatService(
                     reply.error.CopyFrom(status_pb2.Status.FromString(turn.error))
         end = start + len(page)
         turns = [_turn_without_reply(turn) for turn in unreplied]
-        places = turn_places(messages, [turn.start_time for turn in turns])
-        conversation.turns_without_reply.extend(
-            turn for turn, place in zip(turns, places, strict=True) if on_page(place, start, end)
-        )
+        if turns:  # placing them walks every message's time: not for a page that has none to place
+            places = turn_places(messages, [turn.start_time for turn in turns])
+            conversation.turns_without_reply.extend(
+                turn for turn, place in zip(turns, places, strict=True) if on_page(place, start, end)
+            )
         token = "" if following is None else encode_token(request.conversation_id, following)
         return chat_service_pb2.GetConversationResponse(conversation=conversation, next_page_token=token)
 

@@ -83,6 +83,16 @@ def page_of(
     return page, (end if end < len(messages) else None)
 
 
+def message_index(messages: Sequence[message_pb2.Message], message_id: str) -> int:
+    """The index of message ``message_id`` in ``messages``, looked for from the last message back
+    (a reader starting at a message mostly names a recent one: the cost is the messages after it);
+    ``len(messages)`` when there is none, so the page from there is empty and has no next one."""
+    for index in range(len(messages) - 1, -1, -1):
+        if messages[index].id == message_id:
+            return index
+    return len(messages)
+
+
 def on_page(place: int, start: int, end: int) -> bool:
     """Whether a turn at ``place`` (:func:`~turnwire_server.turn_places.turn_places`) is listed
     on the page of messages ``[start, end)``: the page holding message ``place - 1``, or the

@@ -52,7 +52,7 @@ from turnwire_server.http.openai_request import (
     turn_input,
 )
 from turnwire_server.http.openai_response_log import ResponseLog, stored_events, stored_log
-from turnwire_server.http.stored_turns import expired_in, stored_turn
+from turnwire_server.http.stored_turns import expired_in, reply_followed, stored_turn
 
 _SERVICE = "/turnwire.v1.ChatService/"
 _PARAMS = {"conversation_id": "conversation", "client_tools": "tools", "request_id": "response_id"}
@@ -305,19 +305,11 @@ class ResponsesDoor:
         finally:
             await replay.aclose()  # type: ignore[attr-defined]
         own = assistant_message_id(response_id)
-        replies: list[str] = []
-        token = ""
-        while True:
-            page = await self.calls.unary(
-                _SERVICE + "GetConversation",
-                chat_service_pb2.GetConversationRequest(conversation_id=conversation, page_token=token),
-                call,
-            )
-            replies += [m.id for m in page.conversation.messages if m.role == message_pb2.ROLE_ASSISTANT]  # type: ignore[attr-defined]
-            token = page.next_page_token  # type: ignore[attr-defined]
-            if not token:
-                break
-        if own in replies and replies[-1] != own:
+        try:
+            followed = await reply_followed(self.calls, conversation, own, call)
+        except CallEnded as ended:
+            return ended_response(ended, param_names=_PARAMS)
+        if followed:
             fork = chat_service_pb2.ForkConversationRequest(
                 conversation_id=conversation,
                 at_message_id=own,

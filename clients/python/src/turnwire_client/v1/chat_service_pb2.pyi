@@ -875,6 +875,7 @@ class GetConversationRequest(_message.Message):
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    START_MESSAGE_ID_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """The conversation to read."""
     page_size: _builtins.int
@@ -886,16 +887,25 @@ class GetConversationRequest(_message.Message):
     """A `next_page_token` from an earlier response with the same
     `conversation_id`; empty for the first page.
     """
+    start_message_id: _builtins.str
+    """The page starts at this message instead of the first one: it holds the
+    message and those after it, up to `page_size`, and its
+    `next_page_token` goes on after them. A conversation without such a
+    message answers an empty page (no messages, no next_page_token). Not
+    with `page_token`. So a reader that needs one message, or what follows
+    it, reads no more than that, however long the conversation.
+    """
     def __init__(
         self,
         *,
         conversation_id: _builtins.str = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        start_message_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "page_size", b"page_size", "page_token", b"page_token", "start_message_id", b"start_message_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
