@@ -194,7 +194,12 @@ before(async () => {
     server.on('exit', (code, signal) => resolve({ code, signal }));
   });
 
-  client = new turnwire.ChatService(`127.0.0.1:${port}`, grpc.credentials.createInsecure());
+  // Reconnect every 0.1-0.5 s while the sidecar starts: grpc-js's default backoff grows to 120 s,
+  // and a call made while it waits fails at once, so a slow start was found late (CI, 2026-12-07).
+  client = new turnwire.ChatService(`127.0.0.1:${port}`, grpc.credentials.createInsecure(), {
+    'grpc.initial_reconnect_backoff_ms': 100,
+    'grpc.max_reconnect_backoff_ms': 500,
+  });
 
   // Ready when ListConversations answers (grpc.health.v1 is not vendored).
   const giveUp = Date.now() + STARTUP_TIMEOUT_MS;

@@ -26,7 +26,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -36,6 +36,7 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from turnwire_client import TlsOptions
+from turnwire_server.health_check import STARTING_SERVER_OPTIONS
 
 # A deadline, not a speed target: a loaded 2-core machine (CI, helpers' test runs at once) has
 # taken over 20 s to bring up a process that imports grpc, the SDKs and pydantic.
@@ -158,12 +159,13 @@ class SidecarProcess:
         """``127.0.0.1:PORT``, for a gRPC channel."""
         return f"127.0.0.1:{self.port}"
 
-    def channel(self) -> grpc.aio.Channel:
-        """A new channel to the sidecar: over :attr:`tls` when set, else plaintext."""
+    def channel(self, options: Sequence[tuple[str, Any]] = ()) -> grpc.aio.Channel:
+        """A new channel to the sidecar (with the channel ``options``): over :attr:`tls` when set,
+        else plaintext."""
         if self.tls is None:
-            return grpc.aio.insecure_channel(self.target)
+            return grpc.aio.insecure_channel(self.target, options=list(options))
         return grpc.aio.secure_channel(
-            self.target, self.tls.channel_credentials(), options=self.tls.channel_options()
+            self.target, self.tls.channel_credentials(), options=[*self.tls.channel_options(), *options]
         )
 
     @property
@@ -221,7 +223,7 @@ class SidecarProcess:
         self, process: subprocess.Popen[bytes], deadline: float, budget: float
     ) -> int | None:
         """None once SERVING; the exit code if the process ended first."""
-        async with self.channel() as channel:
+        async with self.channel(STARTING_SERVER_OPTIONS) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while True:
                 code = process.poll()

@@ -40,6 +40,14 @@ WEBHOOK_SECRET_ENV = "CONFORMANCE_WEBHOOK_SECRET"
 WEBHOOK_SECRET = "whsec_Y29uZm9ybWFuY2Ugc3VpdGUgdGVzdCBzZWNyZXQgb25seQ=="
 START_TIMEOUT = 60.0  # seconds: a loaded 2-core machine is slow to import the server
 WAIT_TIMEOUT = 20.0  # seconds: for `eventually` steps and background waits
+# Reconnect every 0.1-0.5 s while the sidecar starts (gRPC's default backoff grows to 120 s and
+# found a slow start past START_TIMEOUT); the runner needs only the client, so the server's
+# turnwire_server.health_check.STARTING_SERVER_OPTIONS is spelled out here.
+_STARTING_SERVER_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 500),
+]
 _MISSING = object()
 
 
@@ -88,7 +96,7 @@ class Sidecar:
     async def wait_serving(self) -> None:
         """Return once grpc.health.v1 answers SERVING; raise when the process exits first."""
         deadline = time.monotonic() + START_TIMEOUT
-        async with grpc.aio.insecure_channel(self.address) as channel:
+        async with grpc.aio.insecure_channel(self.address, options=_STARTING_SERVER_OPTIONS) as channel:
             health = health_pb2_grpc.HealthStub(channel)
             while True:
                 if self.process.poll() is not None:

@@ -33,6 +33,7 @@ from rich.console import Console
 from turnwire_server.cli.connection import Connection, command_name
 from turnwire_server.cli.history import run_history
 from turnwire_server.cli.turns import run_chat
+from turnwire_server.health_check import STARTING_SERVER_OPTIONS
 
 DEMO_MESSAGES = (
     "What's the weather in Paris?",
@@ -84,7 +85,7 @@ async def wait_until_serving(
     TimeoutError after ``limit_s`` seconds.
     """
     deadline = time.monotonic() + limit_s
-    async with grpc.aio.insecure_channel(target) as channel:
+    async with grpc.aio.insecure_channel(target, options=STARTING_SERVER_OPTIONS) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             try:
