@@ -596,7 +596,8 @@ async function main(names) {
     const http =
       PROTOCOL === "grpc" ? undefined : `127.0.0.1:${await freePort()}`;
     if (http) settings.http = { listen: http };
-    const sidecar = await startSidecar(settings, { startupTimeoutMs: 60_000 });
+    // A deadline: `make test` starts this runner beside pytest's workers (a ~60 s start seen in CI).
+    const sidecar = await startSidecar(settings, { startupTimeoutMs: 120_000 });
     const client = http
       ? new TurnwireWebClient({ baseUrl: `http://${http}`, protocol: PROTOCOL })
       : new TurnwireClient({ address: sidecar.address });

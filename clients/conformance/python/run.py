@@ -38,7 +38,8 @@ SUITE = Path(os.environ.get("TURNWIRE_CONFORMANCE_DIR") or REPO / "clients" / "c
 TURNWIRE_BIN = os.environ.get("TURNWIRE_BIN") or str(REPO / ".venv" / "bin" / "turnwire")
 WEBHOOK_SECRET_ENV = "CONFORMANCE_WEBHOOK_SECRET"
 WEBHOOK_SECRET = "whsec_Y29uZm9ybWFuY2Ugc3VpdGUgdGVzdCBzZWNyZXQgb25seQ=="
-START_TIMEOUT = 60.0  # seconds: a loaded 2-core machine is slow to import the server
+START_TIMEOUT = 120.0  # seconds, a deadline: `make test` starts this runner beside pytest's workers, and
+# a loaded 2-core machine took ~60 s to bring the sidecar up (CI, 2026-12-07)
 WAIT_TIMEOUT = 20.0  # seconds: for `eventually` steps and background waits
 # Reconnect every 0.1-0.5 s while the sidecar starts (gRPC's default backoff grows to 120 s and
 # found a slow start past START_TIMEOUT); the runner needs only the client, so the server's

@@ -30,9 +30,9 @@ import (
 const EnvBinary = "TURNWIRE_BIN"
 
 const (
-	// A deadline, not a speed target: as tests/support/sidecar.py, a loaded 2-core CI has taken
-	// over 30 s to start a process that imports grpc, the SDKs and pydantic.
-	startTimeout = 60 * time.Second
+	// A deadline, not a speed target: a loaded 2-core CI has taken about 60 s to start a process
+	// that imports grpc, the SDKs and pydantic while `make test` runs pytest's workers beside it.
+	startTimeout = 120 * time.Second
 	stopTimeout  = 15 * time.Second
 	portAttempts = 3
 )
