@@ -1,6 +1,7 @@
 """Every step names the model that ran it (docs/providers.md, "Fallback across providers";
 docs/semantics.md, "Steps"): ``StepStart.model`` and ``StepFinish.model``, the stored reply's
-``step_start`` parts, and ``on_step_finish``'s context, a fallback's model included.
+``step_start`` parts, ``on_step_finish``'s context and the turn record's ``step_models``
+(``ListTurns``), a fallback's model included.
 
 A fresh-user trial: while the primary's circuit breaker was open a step went straight to the
 fallback with no ``AttemptStart``, and nothing on the stream said which model ran it; the usage
@@ -20,6 +21,7 @@ from support.traces import memory_tracing
 from turnwire.hooks import Middleware, StepFinishContext
 from turnwire.testing import ScriptedError, ScriptedProvider, ScriptedToolCall, ScriptStep
 from turnwire_client.v1 import event_pb2
+from turnwire_server.api.turn_rpcs import turn_proto
 from turnwire_server.engine.fallback import Fallbacks, FallbackSettings
 
 PRIMARY = "scripted:main"
@@ -99,3 +101,6 @@ async def test_a_step_that_fell_back_and_a_later_one_on_the_primary_each_name_th
         FALLBACK,
         PRIMARY,
     ]
+    (record,), _ = await h.store.list_turns(CONV, 10, "")
+    turn = turn_proto(record)
+    assert (turn.model, list(turn.step_models)) == (PRIMARY, [FALLBACK, PRIMARY])
