@@ -183,7 +183,10 @@ class StepFinishContext:
     is what the step cost in US dollars, from ``usage``; None when unknown (docs/cost.md).
     ``budgets`` are the turn's budgets after this step's reservation, as the store holds them
     (the step is settled at its actual use by the turn's next charge); empty when no budget is
-    configured (docs/cost.md, "Budgets in hooks").
+    configured (docs/cost.md, "Budgets in hooks"). ``model`` is the model that ran the step, as
+    the configured id ``provider:model``: a fallback when the step fell back or its model's circuit
+    breaker was open (docs/providers.md, "Fallback across providers"); ``response_model`` is the
+    provider's own name for it.
     """
 
     step_number: int
@@ -205,6 +208,7 @@ class StepFinishContext:
     files: Sequence[message_pb2.FilePart] = ()
     cost: Cost | None = None
     budgets: Sequence[BudgetState] = ()
+    model: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -177,6 +177,10 @@ async def test_an_open_breaker_sends_steps_to_the_fallback_without_a_call(
     assert "attempt_start" in _kinds(first)
     assert "attempt_start" not in _kinds(second), "no attempt on the open provider: nothing to say"
     assert len(anthropic.requests) == 1, "the open breaker kept the second step off Anthropic"
+    # Nothing was attempted, yet the step says which model ran it (the usage and cost are its).
+    starts = [e.step_start.model for e in second.events if e.WhichOneof("event") == "step_start"]
+    finishes = [e.step_finish.model for e in second.events if e.WhichOneof("event") == "step_finish"]
+    assert starts == finishes == [FALLBACK]
     assert second.text == "second"
     assert "provider anthropic: 1 failures in a row" in sidecar.log_text()
 

@@ -216,7 +216,7 @@ class Stored:
     def step(self, chunks: Sequence[ModelChunk], outputs: dict[str, Any] | None = None) -> Stored:
         """Record one step's chunks; ``outputs`` maps tool call ids to results."""
         message = self.message
-        message.start_step()
+        message.start_step("scripted:test")
         for chunk in chunks:
             if isinstance(chunk, base.TextStart):
                 message.open_block(chunk.id, "text")

@@ -42,7 +42,9 @@ export class LiveTimeline {
     if (event.stepStart) {
       this.step = Number(event.stepStart.stepNumber ?? 0);
       this.begin(`step`, 'STEP', `step ${this.step}`, [`step ${this.step} (live)`]);
-      this.begin(`model`, 'MODEL', `step ${this.step}`, [`model stream of step ${this.step} (live)`]);
+      // Named by the model the step runs on (a fallback's too), as the stored timeline names it.
+      const model = String(event.stepStart.model || `step ${this.step}`);
+      this.begin(`model`, 'MODEL', model, [`model stream of step ${this.step} (live)`]);
     } else if ((event.textDelta || event.reasoningDelta) && this.open.has('model')) {
       const model = this.open.get('model')!;
       if (model.firstTokenUs === undefined) model.firstTokenUs = this.now();

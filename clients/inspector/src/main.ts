@@ -176,7 +176,13 @@ async function loadTurns(): Promise<void> {
       ? ` · ${formatUs((Date.parse(turn.endTime) - Date.parse(turn.startTime)) * 1000)}`
       : '';
     const cost = turn.cost ? ` · $${Number(turn.cost.usd ?? 0).toFixed(6)}` : '';
-    heading.textContent = `turn ${turn.requestId} · ${running ? 'running' : state} · ${turn.model} · ${started}${took}${cost}`;
+    // The models its steps ran on (a fallback's included) when they are not just the one asked for.
+    const ran: string[] = turn.stepModels ?? [];
+    const model =
+      ran.length && (ran.length > 1 || ran[0] !== turn.model)
+        ? `${turn.model} → ran on ${ran.join(', ')}`
+        : turn.model;
+    heading.textContent = `turn ${turn.requestId} · ${running ? 'running' : state} · ${model} · ${started}${took}${cost}`;
     section.append(heading);
     if (turn.error) {
       const error = document.createElement('p');

@@ -40,7 +40,8 @@ _STATUS: Final[dict[str, event_pb2.TurnStatus.ValueType]] = {
 
 
 def turn_proto(record: TurnRecord) -> chat_service_pb2.Turn:
-    """A stored turn (``Store.list_turns``) as the API's ``Turn``."""
+    """A stored turn (``Store.list_turns``) as the API's ``Turn``; ``step_models`` from its
+    timeline's model spans."""
     turn = chat_service_pb2.Turn(
         request_id=record.request_id,
         conversation_id=record.conversation_id,
@@ -60,6 +61,14 @@ def turn_proto(record: TurnRecord) -> chat_service_pb2.Turn:
         turn.cost.price_source = record.cost_source or ""
     if record.timeline is not None:
         turn.timeline.MergeFromString(record.timeline)
+        # The models that ran its steps: each model stream that did not fail (a fallback's
+        # included; a failed one was refused or replaced), as its span names it.
+        ran = (
+            span.name
+            for span in turn.timeline.spans
+            if span.kind == chat_service_pb2.TIMELINE_SPAN_KIND_MODEL and span.outcome != "failed"
+        )
+        turn.step_models.extend(dict.fromkeys(ran))
     return turn
 
 

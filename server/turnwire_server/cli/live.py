@@ -7,7 +7,7 @@ no control codes). One status line ends the turn (:func:`print_status_line`).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from rich.console import Console
 from rich.status import Status
@@ -211,6 +211,9 @@ class TurnRenderer:
             if event.step_start.step_number > 0 and event.step_start.step_number != self.step_shown:
                 self.line(Text(f"· step {event.step_start.step_number + 1}", style="dim"))
             self.step_shown = event.step_start.step_number
+            # The model the step runs on (a fallback when its model's breaker is open); empty
+            # from a sidecar older than the field.
+            self.model = event.step_start.model or self.model
         elif kind == "text_delta":
             self.write(event.text_delta.delta)
         elif kind == "reasoning_delta":
@@ -321,7 +324,9 @@ def print_status_line(out: Console, result: TurnResult, model: str, *, output_st
     Token counts are the provider's: none when it reported none; an output count of 0 after output
     was streamed (``output_streamed``: a stream cut by a cancel before the provider's usage event,
     or a server that reports no usage) is said to be not reported rather than shown as 0. The cost
-    is ``TurnEnd.cost`` in US dollars, shown only when known (docs/cost.md: unknown is not $0)."""
+    is ``TurnEnd.cost`` in US dollars, shown only when known (docs/cost.md: unknown is not $0).
+    The model is the one the turn's steps ran on, or each with its steps when they ran on several
+    (:func:`step_models`); ``model`` when no step said (none finished, or an older sidecar)."""
     line = Text()
     line.append(result.status_name, style=STATUS_STYLES.get(result.status, "bold"))
     if result.error is not None:
@@ -353,11 +358,37 @@ def print_status_line(out: Console, result: TurnResult, model: str, *, output_st
     end = result.events[-1] if result.events else None
     if end is not None and end.turn_end.HasField("cost"):
         facts.append(f"cost {usd(end.turn_end.cost.usd)}")
-    if model:
-        facts.append(model)
+    ran = step_models(result.events)
+    if ran or model:
+        facts.append(ran or model)
     if facts:
         line.append(" · " + " · ".join(facts), style="dim")
     out.print(line, soft_wrap=True, highlight=False)
+
+
+def step_models(events: Sequence[event_pb2.TurnEvent]) -> str:
+    """The models the finished steps of ``events`` (a turn's stream) ran on, from their
+    ``StepFinish.model`` (a fallback's included, docs/providers.md "Fallback across providers"):
+    ``openai:gpt-4o`` when one model ran them all, else each run of steps with its model in step
+    order, ``openai:gpt-4o (step 1), anthropic:claude-sonnet-4-5 (steps 2-3)``; empty when no
+    finished step names its model."""
+    by_step: dict[int, str] = {}
+    for event in events:
+        if event.WhichOneof("event") == "step_finish" and event.step_finish.model:
+            by_step[event.step_finish.step_number] = event.step_finish.model  # a re-run's wins
+    if len(set(by_step.values())) <= 1:
+        return next(iter(by_step.values()), "")
+    runs: list[tuple[str, int, int]] = []  # (model, first step, last step), 1-based
+    for number in sorted(by_step):
+        model = by_step[number]
+        if runs and runs[-1][0] == model and runs[-1][2] == number:
+            runs[-1] = (model, runs[-1][1], number + 1)
+        else:
+            runs.append((model, number + 1, number + 1))
+    return ", ".join(
+        f"{model} (step {first})" if first == last else f"{model} (steps {first}-{last})"
+        for model, first, last in runs
+    )
 
 
 def usd(value: float) -> str:

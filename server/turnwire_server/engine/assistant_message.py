@@ -79,11 +79,17 @@ class AssistantMessage:
         """True once anything besides step markers was added."""
         return any(p.WhichOneof("kind") != "step_start" for p in self.message.parts)
 
-    def start_step(self) -> None:
-        """Mark a new model step."""
+    def start_step(self, model: str) -> None:
+        """Mark a new model step, run by ``model`` (``provider:model``)."""
         marker = self.message.parts.add()
         marker.step_start.SetInParent()
+        marker.step_start.model = model
         self._step = _StepParts(marker=marker, start=len(self.message.parts) - 1)
+
+    def move_step(self, model: str) -> None:
+        """Record that the current step runs on ``model`` from here on (a fallback)."""
+        if self._step.marker is not None:
+            self._step.marker.step_start.model = model
 
     @property
     def step_discardable(self) -> bool:

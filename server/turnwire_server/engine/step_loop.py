@@ -310,8 +310,8 @@ class StepLoop(StepStream):
                     checkpoint=turn.checkpoints.take,
                 )
             turn.step_messages = model_request.messages
-            turn.assistant.start_step()
-            turn.writer.new().step_start.step_number = step_number
+            turn.assistant.start_step(model_id)
+            _step_start(turn, step_number, model_id)
             turn.steps_started = step_number + 1
             tracing = turn.tracing
             clamped: ClampedStep | None = None
@@ -439,11 +439,12 @@ class StepLoop(StepStream):
         event.message_id = turn.assistant.message.id
         event.reason = "PROVIDER_FALLBACK"
         event.model = model_id
+        turn.assistant.move_step(model_id)
         snapshot = turn.assistant.snapshot_to_store() if turn.assistant.has_parts else None
         event.appends = snapshot is not None
         if snapshot is not None:
             event.message.CopyFrom(snapshot)
-        turn.writer.new().step_start.step_number = step_number
+        _step_start(turn, step_number, model_id)
 
     def _runner_for(self, config: TurnConfig) -> Callable[[TurnWorkingState], ToolCallRunner]:
         def runner(state: TurnWorkingState) -> ToolCallRunner:
@@ -488,6 +489,13 @@ def _base_messages(open_calls: OpenCalls) -> list[message_pb2.Message]:
     A reply that ends in tool results (a continuation after client results or approvals) is
     answered as it is: the results are the model's next input."""
     return continued(with_pending_placeholders(open_calls))
+
+
+def _step_start(turn: TurnWorkingState, step_number: int, model_id: str) -> None:
+    """The StepStart of step ``step_number``, naming the model it runs on (a fallback's too)."""
+    event = turn.writer.new().step_start
+    event.step_number = step_number
+    event.model = model_id
 
 
 def active_tool_names(tools: Mapping[str, Any], active: Sequence[str] | None) -> list[str]:

@@ -137,6 +137,7 @@ class StepStream:
             usage=finish.usage,
             response_id=finish.response_id,
             response_model=finish.response_model,
+            model=self._model_id,
             provider_metadata=metadata,
             warnings=warnings,
             sources=assistant.step_sources(),
@@ -157,6 +158,7 @@ class StepStream:
             result.cost.copy_to(event.cost)
         event.response_id = finish.response_id
         event.response_model = finish.response_model
+        event.model = result.model
         if self._metadata_view is not None and self._metadata_view.fields:
             event.provider_metadata.CopyFrom(self._metadata_view)
         event.warnings.extend(result.warnings)

@@ -222,10 +222,12 @@ class RunLog:
             self._model = event.turn_start.model
         elif kind == "step_start":
             self._close_step(out)
+            self._model = event.step_start.model or self._model  # a fallback's when its breaker is open
             self._step = f"step-{event.step_start.step_number}"
             out.append({"type": "STEP_STARTED", "stepName": self._step})
         elif kind == "step_finish":
             self._close_step(out)
+            self._model = event.step_finish.model or self._model
             add_usage(self._step_usage.setdefault(self._model, message_pb2.Usage()), event.step_finish.usage)
         elif kind == "attempt_start":
             self._close_open(out, dropped=self._dropped)

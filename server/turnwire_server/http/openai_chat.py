@@ -197,6 +197,10 @@ class _Completion:
         if kind == "turn_start":
             self.model = self.model or event.turn_start.model
             return [self.chunk({"role": "assistant", "content": ""})]
+        if kind == "step_start" and event.step_start.model:
+            # Chunks and the completion name the model of the step that made them (a fallback's
+            # included), as OpenAI names the model that answered rather than the one asked for.
+            self.model = event.step_start.model
         if kind == "text_start" and self.text:
             # Another text block (a later step's, after tool calls): apart from the one before.
             self.text.append(_BLOCK_SEPARATOR)

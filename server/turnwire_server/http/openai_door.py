@@ -435,7 +435,7 @@ class ResponsesDoor:
         if found is None:
             return None
         turn, reply = found
-        log = stored_log(turn)
+        log = stored_log(turn, reply)
         events = stored_events(turn, reply)
         if not stream:
             for event in events:

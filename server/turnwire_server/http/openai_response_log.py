@@ -371,6 +371,10 @@ class ResponseLog:
             self.response["conversation"] = {"id": event.conversation_id}
             self._event("response.created", out, response=self.snapshot())
             self._event("response.in_progress", out, response=self.snapshot())
+        elif kind == "step_start" and event.step_start.model:
+            # The model that answers is the one each step ran on (a fallback's included): the
+            # Response names the last one's, as OpenAI names the model that answered.
+            self.response["model"] = event.step_start.model
         elif kind == "text_start":
             self._block_start(f"t:{event.text_start.id}", "message", out)
         elif kind == "text_delta":
@@ -462,14 +466,16 @@ class ResponseLog:
         return {**self.response, "output": [_copy(item) for item in self.response["output"]]}
 
 
-def stored_log(turn: chat_service_pb2.Turn) -> ResponseLog:
+def stored_log(turn: chat_service_pb2.Turn, reply: message_pb2.Message | None = None) -> ResponseLog:
     """An empty :class:`ResponseLog` for ``turn`` (``ListTurns``), a turn whose events are gone
-    (past ``durability.event_retention_seconds``) but whose record and reply are stored, to feed
-    :func:`stored_events` into: its model, the turn's start and end times as ``created_at`` and
-    ``completed_at``, and ``usage`` None."""
+    (past ``durability.event_retention_seconds``) but whose record and reply ``reply`` are stored,
+    to feed :func:`stored_events` into: its model (the one the reply's last step ran on, as its
+    ``step_start`` part records it, else the one the turn was asked to use), the turn's start
+    and end times as ``created_at`` and ``completed_at``, and ``usage`` None."""
+    ran = [p.step_start.model for p in reply.parts if p.step_start.model] if reply is not None else []
     return ResponseLog(
         turn.request_id,
-        echo={"model": turn.model},
+        echo={"model": ran[-1] if ran else turn.model},
         created_at=turn.start_time.seconds if turn.HasField("start_time") else None,
         completed_at=turn.end_time.seconds if turn.HasField("end_time") else None,
         usage_known=False,

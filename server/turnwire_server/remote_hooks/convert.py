@@ -126,9 +126,10 @@ def step_finish_reason(reason: str) -> event_pb2.FinishReason.ValueType:
 
 def step_info(step: StepFinishContext) -> hooks_pb2.StepInfo:
     """A finished step's summary: number, finish reason, usage, cost (unset: unknown), called tool
-    names in order."""
+    names in order, the model that ran it."""
     info = hooks_pb2.StepInfo(
         step_number=step.step_number,
+        model=step.model,
         finish_reason=step_finish_reason(step.finish_reason),
         tool_names=[call.tool_name for call in step.tool_calls],
     )

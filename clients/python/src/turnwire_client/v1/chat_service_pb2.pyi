@@ -1987,6 +1987,7 @@ class Turn(_message.Message):
     COST_FIELD_NUMBER: _builtins.int
     RECOVERY_COUNT_FIELD_NUMBER: _builtins.int
     TIMELINE_FIELD_NUMBER: _builtins.int
+    STEP_MODELS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """The turn's request id."""
     conversation_id: _builtins.str
@@ -2028,6 +2029,15 @@ class Turn(_message.Message):
         stored before timelines were (docs/inspector.md).
         """
 
+    @_builtins.property
+    def step_models(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Output only: the models its steps ran on, as `provider:model`
+        (StepFinish.model: a fallback's included, docs/providers.md "Fallback
+        across providers"), each once, in the order each first ran; read from
+        `timeline` (its model spans that did not fail), so empty while it runs
+        and for turns stored without one. `model` is the model it was asked to use.
+        """
+
     def __init__(
         self,
         *,
@@ -2043,10 +2053,11 @@ class Turn(_message.Message):
         cost: _message_pb2.Cost | None = ...,
         recovery_count: _builtins.int = ...,
         timeline: Global___TurnTimeline | None = ...,
+        step_models: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["cost", b"cost", "end_time", b"end_time", "error", b"error", "start_time", b"start_time", "timeline", b"timeline"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assistant_message_id", b"assistant_message_id", "continuation", b"continuation", "conversation_id", b"conversation_id", "cost", b"cost", "end_time", b"end_time", "error", b"error", "model", b"model", "recovery_count", b"recovery_count", "request_id", b"request_id", "start_time", b"start_time", "status", b"status", "timeline", b"timeline"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assistant_message_id", b"assistant_message_id", "continuation", b"continuation", "conversation_id", b"conversation_id", "cost", b"cost", "end_time", b"end_time", "error", b"error", "model", b"model", "recovery_count", b"recovery_count", "request_id", b"request_id", "start_time", b"start_time", "status", b"status", "step_models", b"step_models", "timeline", b"timeline"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -473,16 +473,26 @@ class StepStart(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     STEP_NUMBER_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
     step_number: _builtins.int
     """0-based step number within the turn."""
+    model: _builtins.str
+    """The model the step runs on, as the configured id `provider:model`: the
+    step's model (the turn's, or the one `before_step` chose), or a fallback
+    (docs/providers.md, "Fallback across providers") when that model's
+    circuit breaker is open (no AttemptStart then) or, in the StepStart after
+    an AttemptStart with reason `PROVIDER_FALLBACK`, the fallback named there.
+    Empty from a sidecar older than this field.
+    """
     def __init__(
         self,
         *,
         step_number: _builtins.int = ...,
+        model: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["step_number", b"step_number"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["model", b"model", "step_number", b"step_number"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1048,6 +1058,7 @@ class StepFinish(_message.Message):
     PROVIDER_METADATA_FIELD_NUMBER: _builtins.int
     WARNINGS_FIELD_NUMBER: _builtins.int
     COST_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
     step_number: _builtins.int
     """0-based step number within the turn."""
     finish_reason: Global___FinishReason.ValueType
@@ -1058,6 +1069,12 @@ class StepFinish(_message.Message):
     """The provider's response id, when it gave one."""
     response_model: _builtins.str
     """The model that answered, as the provider named it."""
+    model: _builtins.str
+    """The model that ran the step, as the configured id `provider:model`
+    (fallback included: the same as the step's last StepStart.model); its
+    `usage` and `cost` are this model's. `response_model` is the provider's
+    own name for it. Empty from a sidecar older than this field.
+    """
     @_builtins.property
     def usage(self) -> _message_pb2.Usage:
         """Token usage of this step."""
@@ -1088,10 +1105,11 @@ class StepFinish(_message.Message):
         provider_metadata: _struct_pb2.Struct | None = ...,
         warnings: _abc.Iterable[_builtins.str] | None = ...,
         cost: _message_pb2.Cost | None = ...,
+        model: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["cost", b"cost", "provider_metadata", b"provider_metadata", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cost", b"cost", "finish_reason", b"finish_reason", "provider_metadata", b"provider_metadata", "raw_finish_reason", b"raw_finish_reason", "response_id", b"response_id", "response_model", b"response_model", "step_number", b"step_number", "usage", b"usage", "warnings", b"warnings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cost", b"cost", "finish_reason", b"finish_reason", "model", b"model", "provider_metadata", b"provider_metadata", "raw_finish_reason", b"raw_finish_reason", "response_id", b"response_id", "response_model", b"response_model", "step_number", b"step_number", "usage", b"usage", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -751,10 +751,15 @@ class StepInfo(_message.Message):
     USAGE_FIELD_NUMBER: _builtins.int
     TOOL_NAMES_FIELD_NUMBER: _builtins.int
     COST_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
     step_number: _builtins.int
     """0-based step number."""
     finish_reason: _event_pb2.FinishReason.ValueType
     """Why it ended."""
+    model: _builtins.str
+    """The model that ran it, as `provider:model` (a fallback included:
+    StepFinish.model).
+    """
     @_builtins.property
     def usage(self) -> _message_pb2.Usage:
         """Its usage."""
@@ -775,10 +780,11 @@ class StepInfo(_message.Message):
         usage: _message_pb2.Usage | None = ...,
         tool_names: _abc.Iterable[_builtins.str] | None = ...,
         cost: _message_pb2.Cost | None = ...,
+        model: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["cost", b"cost", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cost", b"cost", "finish_reason", b"finish_reason", "step_number", b"step_number", "tool_names", b"tool_names", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cost", b"cost", "finish_reason", b"finish_reason", "model", b"model", "step_number", b"step_number", "tool_names", b"tool_names", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

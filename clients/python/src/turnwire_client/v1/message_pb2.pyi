@@ -794,12 +794,18 @@ class StepStartPart(_message.Message):
     RESPONSE_MODEL_FIELD_NUMBER: _builtins.int
     PROVIDER_METADATA_FIELD_NUMBER: _builtins.int
     WARNINGS_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
     response_id: _builtins.str
     """The provider's id of the step's response (message, completion or response
     id); empty until the step finished.
     """
     response_model: _builtins.str
     """The model version that answered the step."""
+    model: _builtins.str
+    """The model the step ran on, as the configured id `provider:model` (a
+    fallback included: StepFinish.model); set when the step starts, and
+    changed when it falls back. Empty in messages stored before this field.
+    """
     @_builtins.property
     def provider_metadata(self) -> _struct_pb2.Struct:
         """What the provider reported beyond the normalized fields, keyed by API
@@ -819,10 +825,11 @@ class StepStartPart(_message.Message):
         response_model: _builtins.str = ...,
         provider_metadata: _struct_pb2.Struct | None = ...,
         warnings: _abc.Iterable[_builtins.str] | None = ...,
+        model: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["provider_metadata", b"provider_metadata"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["provider_metadata", b"provider_metadata", "response_id", b"response_id", "response_model", b"response_model", "warnings", b"warnings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["model", b"model", "provider_metadata", b"provider_metadata", "response_id", b"response_id", "response_model", b"response_model", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
