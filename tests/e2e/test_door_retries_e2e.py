@@ -27,8 +27,10 @@ SCRIPTS = {
     # refused at its admission.
     "spend": [{"text": "Spent.", "usage": {"input_tokens": 1200, "output_tokens": 40}}],
     "echo": [{"text": "unreachable"}],
+    # A provider 500 (api_error) after output: a 5xx the OpenAI SDK would retry but for x-should-retry
+    # (a 400 is an invalid_request_error now, as Anthropic types it, which no SDK retries).
     "fails": [
-        {"text": "partial ", "error": {"message": "the model is down", "status": 400, "after_chunks": 1}}
+        {"text": "partial ", "error": {"message": "the model is down", "status": 500, "after_chunks": 1}}
     ],
     # The first step reports 1 240 tokens: the tenant's day (1 200) has no room for a second.
     "overspends": [
