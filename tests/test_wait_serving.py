@@ -17,35 +17,45 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from support.sidecar import free_port
+from support.waiting import wait_until
 
 from turnwire_server.cli.demo import wait_until_serving
 
-# Long enough for gRPC's default backoff to have grown past 4 s (attempts at about 0, 1, 2.6, 5.2,
-# 9.3 and 15.8 s, each gap jittered by 20 %): the old loop found a server started now seconds late.
-SLOW_START_SECONDS = 12.0
+# Connections the waiting loop has seen fail before the server comes up. Under gRPC's default
+# backoff the sixth comes about 16 s in and the seventh ~10 s after it (each gap jittered by
+# 20 %): the old loop found a server started then seconds late.
+REFUSED_ATTEMPTS = 6
 
 
 async def test_a_server_that_starts_late_is_found_within_a_second_of_serving() -> None:
     port = free_port()
-    started = asyncio.get_running_loop().create_future()
+    attempts = 0
 
-    async def start_late() -> grpc.aio.Server:
-        await asyncio.sleep(SLOW_START_SECONDS)  # the slow start being simulated, not a wait
-        server = grpc.aio.server()
+    async def refuse(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # Not a gRPC server: the connection closes before HTTP/2's handshake, a failed attempt.
+        nonlocal attempts
+        attempts += 1
+        writer.close()
+
+    refusing = await asyncio.start_server(refuse, "127.0.0.1", port)
+    waiting = asyncio.create_task(wait_until_serving(f"127.0.0.1:{port}", limit_s=90))
+    server = grpc.aio.server()
+    try:
+        await wait_until(
+            lambda: attempts >= REFUSED_ATTEMPTS, timeout=60, what=f"{REFUSED_ATTEMPTS} failed connections"
+        )
+        refusing.close()
+        await refusing.wait_closed()
         health = HealthServicer()
         await health.set("", health_pb2.HealthCheckResponse.SERVING)
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         server.add_insecure_port(f"127.0.0.1:{port}")
         await server.start()
-        started.set_result(time.monotonic())
-        return server
-
-    starting = asyncio.create_task(start_late())
-    try:
-        await wait_until_serving(f"127.0.0.1:{port}", limit_s=60)
-        found = time.monotonic()
-        late = found - await started
+        serving = time.monotonic()
+        await waiting
+        late = time.monotonic() - serving
         assert late < 1.5, f"found {late:.1f} s after the server was SERVING"
     finally:
-        server = await starting
+        waiting.cancel()
+        refusing.close()
         await server.stop(None)
