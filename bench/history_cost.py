@@ -4,7 +4,7 @@ building the Anthropic Messages and OpenAI Chat requests from it, with 0, 100 an
 
 Each prior turn is a user message and an assistant message (a step with a text). Every measured
 turn appends a user message, reads the transcript and builds both requests, then appends the
-reply, as the engine does; CPU is the process's (all threads: aiosqlite's too), median of
+reply, as the engine does; CPU is the process's (all threads: the store's reader's too), median of
 ``--repeats`` runs of ``--turns`` turns. No server, no HTTP, no SDK: the sidecar's own cost only,
 without ``ttft.py``'s noise. Compare code versions by putting the other one first on
 ``PYTHONPATH`` (e.g. ``PYTHONPATH=/path/to/main/server``). Target (issue 17): no more than

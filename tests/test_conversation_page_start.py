@@ -14,31 +14,20 @@ import pytest
 
 from turnwire_client.v1 import chat_service_pb2, message_pb2
 from turnwire_server.api import chat_service
-from turnwire_server.store.records import ConversationRecord
+from turnwire_server.store.records import ConversationRecord, ConversationView
 
 
 class _Store:
-    """The reads ``GetConversation`` makes, of one conversation ``c`` of ``messages``, with no
+    """The read ``GetConversation`` makes, of one conversation ``c`` of ``messages``, with no
     partial reply, no turn without a reply and no cost."""
 
     def __init__(self, messages: list[message_pb2.Message]) -> None:
         self.messages = tuple(messages)
 
-    async def get_conversation(self, conversation_id: str) -> ConversationRecord | None:
+    async def conversation_view(self, conversation_id: str, unreplied_limit: int) -> ConversationView:
         when = dt.datetime(2026, 12, 7, tzinfo=dt.UTC)
-        return ConversationRecord(conversation_id, when, when, len(self.messages))
-
-    async def load_messages(self, conversation_id: str) -> tuple[message_pb2.Message, ...]:
-        return self.messages
-
-    async def partial_replies(self, conversation_id: str) -> dict[str, Any]:
-        return {}
-
-    async def turns_without_reply(self, conversation_id: str, limit: int) -> list[Any]:
-        return []
-
-    async def conversation_cost(self, conversation_id: str) -> None:
-        return None
+        record = ConversationRecord(conversation_id, when, when, len(self.messages))
+        return ConversationView(record, self.messages, {}, [], None)
 
 
 @pytest.fixture

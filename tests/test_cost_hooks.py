@@ -141,4 +141,5 @@ async def test_a_recovered_turn_has_an_unknown_cost(make_engine: EngineFactory, 
     assert end_of(events).status == event_pb2.TURN_STATUS_COMPLETED
     assert of_kind(events, "step_finish")[0].HasField("cost")  # its own step is priced
     assert not end_of(events).HasField("cost")
-    assert await h.store.conversation_cost("c-crash") is None
+    view = await h.store.conversation_view("c-crash", 1)
+    assert view is not None and view.cost is None

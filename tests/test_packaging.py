@@ -45,7 +45,7 @@ def test_importing_the_engine_loads_no_grpc_and_no_backend() -> None:
     probe = (
         "import sys, turnwire_server.engine\n"
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in {'grpc', 'anthropic', 'openai', "
-        "'aiosqlite'} or m.startswith(('turnwire_server.store.sqlite', 'turnwire_server.tools.demo', "
+        "'sqlite3'} or m.startswith(('turnwire_server.store.sqlite', 'turnwire_server.tools.demo', "
         "'turnwire_server.api')))\n"
         "print(loaded)\n"
     )

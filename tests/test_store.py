@@ -32,7 +32,7 @@ from turnwire_server.store import (
 from turnwire_server.store.core.local_lock import LocalTurnLocks
 from turnwire_server.store.core.page_tokens import decode_page_token, encode_page_token
 from turnwire_server.store.core.rows import to_us
-from turnwire_server.store.records import CompactionRecord
+from turnwire_server.store.records import CompactionRecord, ConversationView
 
 T0 = dt.datetime(2025, 3, 4, 5, 6, 7, 890123, tzinfo=dt.UTC)
 
@@ -351,6 +351,12 @@ async def test_finish_turn_records_end_state(store: Store, store_backend: StoreB
     assert [m.id for m in await store.load_messages("conv-1")] == ["u1", "asst-1"]
 
 
+async def _view(store: Store, conversation_id: str, unreplied_limit: int = 100) -> ConversationView:
+    view = await store.conversation_view(conversation_id, unreplied_limit)
+    assert view is not None, conversation_id
+    return view
+
+
 async def test_partial_replies_are_those_whose_latest_turn_did_not_complete(store: Store) -> None:
     reply = message_pb2.ROLE_ASSISTANT
 
@@ -366,20 +372,20 @@ async def test_partial_replies_are_those_whose_latest_turn_did_not_complete(stor
             )
             await store.finish_turn(ended, _text(message_id, "a", reply))
 
-    assert await store.partial_replies("conv-1") == {}
+    assert await store.conversation_view("conv-1", 100) is None
     await turn("r-done", "a-done", "completed", 0)
     await turn("r-cut", "a-cut", "aborted", 2)
     await turn("r-failed", "a-failed", "error", 4)
     await turn("r-resumed", "a-cut-then-done", "aborted", 6)
     await turn("r-continued", "a-cut-then-done", "completed", 7)  # a continuation completed it
     await turn("r-live", "a-live", "running", 8)
-    partial = await store.partial_replies("conv-1")
+    partial = (await _view(store, "conv-1")).partial_replies
     assert {message_id: (turn.request_id, turn.state) for message_id, turn in partial.items()} == {
         "a-cut": ("r-cut", "aborted"),
         "a-failed": ("r-failed", "error"),
         "a-live": ("r-live", "running"),
     }
-    assert await store.partial_replies("no-such-conversation") == {}
+    assert await store.conversation_view("no-such-conversation", 100) is None
 
 
 async def test_turns_without_reply_are_unfinished_turns_whose_reply_does_not_exist(store: Store) -> None:
@@ -400,7 +406,7 @@ async def test_turns_without_reply_are_unfinished_turns_whose_reply_does_not_exi
             ended = dataclasses.replace(record, state=state, end_time=record.start_time, error=error)
             await store.finish_turn(ended, _text(f"a-{request_id}", "a", reply) if stored else None)
 
-    assert await store.turns_without_reply("conv-1", 100) == []
+    assert await store.conversation_view("conv-1", 100) is None
     await turn("r-done", "completed", 0, stored=True)
     await turn("r-cut", "aborted", 1, stored=True)  # a partial reply: in partial_replies instead
     await turn("r-early", "aborted", 2, stored=False)
@@ -417,17 +423,17 @@ async def test_turns_without_reply_are_unfinished_turns_whose_reply_does_not_exi
     await store.roll_back_turn(rolled, ["u-r-rolled"])
     await turn("r-waiting", "running", 6, stored=False)
 
-    turns = await store.turns_without_reply("conv-1", 100)
+    turns = (await _view(store, "conv-1")).turns_without_reply
     assert [(t.request_id, t.state, t.start_time, t.error) for t in turns] == [
         ("r-early", "aborted", T0 + dt.timedelta(seconds=2), None),
         ("r-failed", "error", T0 + dt.timedelta(seconds=3), b"\x08\x0e\x12\x04down"),
         ("r-rolled", "aborted", T0 + dt.timedelta(seconds=5), b"\x08\x0a"),
         ("r-waiting", "running", T0 + dt.timedelta(seconds=6), None),
     ]
-    assert [t.request_id for t in await store.turns_without_reply("conv-1", 2)] == ["r-rolled", "r-waiting"]
-    assert await store.turns_without_reply("no-such-conversation", 100) == []
+    latest = (await _view(store, "conv-1", 2)).turns_without_reply
+    assert [t.request_id for t in latest] == ["r-rolled", "r-waiting"]
     with pytest.raises(ValueError, match="limit"):
-        await store.turns_without_reply("conv-1", 0)
+        await store.conversation_view("conv-1", 0)
 
 
 async def test_finish_unknown_turn_raises_and_stores_nothing(store: Store) -> None:

@@ -1,4 +1,4 @@
-"""A turn's cost stored with its end and summed for its conversation (``Store.conversation_cost``,
+"""A turn's cost stored with its end and summed for its conversation (``ConversationView.cost``,
 migrations 0008_turn_costs; docs/cost.md), on SQLite and PostgreSQL alike."""
 
 from __future__ import annotations
@@ -10,6 +10,12 @@ from support.store_turns import T0, started_turn
 
 from turnwire.types import Cost
 from turnwire_server.store import Store, TurnRecord
+
+
+async def _cost(store: Store, conversation_id: str) -> Cost | None:
+    view = await store.conversation_view(conversation_id, 1)
+    assert view is not None, conversation_id
+    return view.cost
 
 
 async def _end(store: Store, record: TurnRecord, usd: float | None, source: str | None) -> None:
@@ -24,18 +30,18 @@ async def test_the_ended_turns_costs_add_up_and_name_each_source_once(store: Sto
     await _end(store, nothing, 0.0, "")  # called no model: cost nothing
     # `running` has not ended: not counted yet.
     assert running.state == "running"
-    assert await store.conversation_cost("c") == Cost(pytest.approx(0.375), "config, genai-prices 0.2.3")  # type: ignore[arg-type]
+    assert await _cost(store, "c") == Cost(pytest.approx(0.375), "config, genai-prices 0.2.3")  # type: ignore[arg-type]
 
 
 async def test_one_unknown_cost_makes_the_conversation_cost_unknown(store: Store) -> None:
     known, unknown = [await started_turn(store, "u", n) for n in range(2)]
     await _end(store, known, 0.5, "config")
-    assert await store.conversation_cost("u") == Cost(0.5, "config")
+    assert await _cost(store, "u") == Cost(0.5, "config")
     await _end(store, unknown, None, None)
-    assert await store.conversation_cost("u") is None
+    assert await _cost(store, "u") is None
 
 
 async def test_no_ended_turn_no_cost(store: Store) -> None:
-    assert await store.conversation_cost("never") is None
+    assert await store.conversation_view("never", 1) is None
     await started_turn(store, "busy", 0)
-    assert await store.conversation_cost("busy") is None
+    assert await _cost(store, "busy") is None

@@ -2,7 +2,7 @@
 
 ``auto`` (the default) runs uvloop when it can be imported (a runtime dependency on Linux and
 macOS with CPython), else asyncio's own loop; ``uvloop`` requires it; ``asyncio`` never uses it.
-grpc.aio, aiosqlite, psycopg's async pool and the SDKs' httpx/anyio run on either: they use the
+grpc.aio, psycopg's async pool and the SDKs' httpx/anyio run on either: they use the
 running loop through asyncio's interfaces only. On the bench (bench/ttft.py, bench/README.md)
 uvloop cut the sidecar's CPU per request and per streamed chunk.
 

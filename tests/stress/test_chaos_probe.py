@@ -90,6 +90,7 @@ class Tally:
     retries: int = 0
     broken_after_ack: int = 0
     fenced: int = 0  # streams ended with LEASE_LOST: their replica stalled past its lease
+    failures: dict[str, list[str]] = field(default_factory=dict)  # message id: its failed attempts
     phases: dict[str, float] = field(default_factory=dict)  # seconds since the start, by phase
 
 
@@ -156,12 +157,14 @@ async def send_in_order(
         loop = asyncio.get_running_loop()
         deadline = loop.time() + SEND_DEADLINE_SECONDS
         while message_id not in tally.acknowledged:
-            assert loop.time() < deadline, f"{message_id} never acknowledged"
+            if loop.time() >= deadline:
+                raise Unacknowledged(request_id, tally.failures.get(message_id, []))
             targets = cluster.targets()
             if not targets:
                 await asyncio.sleep(0.2)  # a client's backoff: no replica to call right now
                 continue
-            async with TurnwireClient(rng.choice(targets)) as client:
+            target = rng.choice(targets)
+            async with TurnwireClient(target) as client:
                 try:
                     async for event in client.chat(conversation, f"message {number}", model="scripted:work",
                                                    request_id=request_id, timeout=CALL_SECONDS):  # fmt: skip
@@ -178,8 +181,22 @@ async def send_in_order(
                         tally.acknowledged.add(message_id)  # stored by an attempt whose answer was lost
                     else:
                         tally.retries += 1
+                        at = f"{loop.time() - deadline + SEND_DEADLINE_SECONDS:.1f}s"
+                        tally.failures.setdefault(message_id, []).append(
+                            f"{at} {target}: {error.code.name} {error.message[:160]}"
+                        )
                         await asyncio.sleep(0.2)  # a client's backoff before retrying
     return ids
+
+
+class Unacknowledged(AssertionError):
+    """A message no replica acknowledged within :data:`SEND_DEADLINE_SECONDS`: the probe fails
+    with its failed attempts and the cluster's diagnosis."""
+
+    def __init__(self, request_id: str, attempts: list[str]) -> None:
+        super().__init__(f"{request_id} never acknowledged; its failed attempts (since its first):")
+        self.request_id = request_id
+        self.attempts = attempts
 
 
 def _lease_lost(error: status_pb2.Status) -> bool:
@@ -249,7 +266,13 @@ async def test_chaos_probe_keeps_the_invariants(
             await inject(cluster, kind, rng)
         faults_done.set()
         tally.phases["faults injected"] = clock() - began
-        sent_ids = dict(zip(conversations, await senders, strict=True))
+        try:
+            sent_ids = dict(zip(conversations, await senders, strict=True))
+        except Unacknowledged as never:
+            attempts = "\n".join(f"  {a}" for a in never.attempts[-20:]) or "  none failed: calls hung"
+            raise AssertionError(
+                f"seed {seed}: {never}\n{attempts}\n{diagnosis(cluster, frozenset({never.request_id}))}"
+            ) from None
         tally.phases["load sent"] = clock() - began
 
         def settled() -> bool:
@@ -287,11 +310,12 @@ LOG_MARKS = ("turnwire.leases", "turnwire.engine", "turnwire.maintenance", "took
 """The log lines that say what a replica did about leases, claims and recoveries."""
 
 
-def diagnosis(cluster: Cluster) -> str:
+def diagnosis(cluster: Cluster, also: frozenset[str] = frozenset()) -> str:
     """What is left running, and what each replica process (killed ones included) said of it:
     each running turn's and queue ticket's row (its owner's lease against the database's clock:
     lapsed, or held by a live renewal), which process its owner is (the "listening" line names
-    each one's replica id), and each process's last lease, claim and recovery lines."""
+    each one's replica id), and each process's last lease, claim and recovery lines; those
+    naming a request id of ``also`` (a message never acknowledged) too."""
     rows = cluster.sql(
         "SELECT 'turn', request_id, conversation_id, owner, lease_epoch, recovery_count,"
         " (lease_until - (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) / 1000000.0"
@@ -306,7 +330,7 @@ def diagnosis(cluster: Cluster) -> str:
     for row in rows:
         owner_logs = [log.relative_to(cluster.root).as_posix() for log, id_ in ids.items() if id_ == row[3]]
         lines.append(f"  {row}: owner is {', '.join(owner_logs) or 'no process of this probe (released?)'}")
-    stuck = {str(row[1]) for row in rows}
+    stuck = {str(row[1]) for row in rows} | also
     for log in logs:
         text = log.read_text(errors="replace").splitlines()
         marked = [line for line in text if any(m in line for m in LOG_MARKS) or any(r in line for r in stuck)]

@@ -99,7 +99,7 @@ _PARTIAL_STATUS: dict[str, event_pb2.TurnStatus.ValueType] = {
 
 
 def _turn_without_reply(turn: TurnRecord) -> chat_service_pb2.TurnWithoutReply:
-    """``turn`` (a record of ``Store.turns_without_reply``) as the API's ``TurnWithoutReply``."""
+    """``turn`` (one of ``ConversationView.turns_without_reply``) as the API's ``TurnWithoutReply``."""
     entry = chat_service_pb2.TurnWithoutReply(
         request_id=turn.request_id,
         status=_PARTIAL_STATUS[turn.state],
@@ -369,30 +369,25 @@ class ChatService(
                     start = decode_token(request.page_token, request.conversation_id)
                 except InvalidPageToken:
                     raise invalid_page_token("for this conversation") from None
-            record = await self._get_record(request.conversation_id)
-            if record is None:
-                raise _not_found(request.conversation_id)
             try:
-                messages = await self.store.load_messages(request.conversation_id)
-                partial = await self.store.partial_replies(request.conversation_id)
-                unreplied = await self.store.turns_without_reply(
-                    request.conversation_id, TURNS_WITHOUT_REPLY_LIMIT
-                )
-                cost = await self.store.conversation_cost(request.conversation_id)
+                view = await self.store.conversation_view(request.conversation_id, TURNS_WITHOUT_REPLY_LIMIT)
             except StoreError as error:
                 raise status_error_of(error) from error
+            if view is None:
+                raise _not_found(request.conversation_id)
         except TurnwireStatusError as error:
             await abort(context, error)
             raise AssertionError("unreachable") from None
+        messages = view.messages
         if request.start_message_id:
             start = message_index(messages, request.start_message_id)
         page, following = page_of(messages, start, request.page_size)
-        conversation = conversation_proto(record)
+        conversation = conversation_proto(view.record)
         conversation.messages.extend(page)
-        if cost is not None:
-            cost.copy_to(conversation.cost)
+        if view.cost is not None:
+            view.cost.copy_to(conversation.cost)
         for message in page:
-            turn = partial.get(message.id)
+            turn = view.partial_replies.get(message.id)
             if turn is not None:
                 reply = conversation.partial_replies.add(
                     message_id=message.id, request_id=turn.request_id, status=_PARTIAL_STATUS[turn.state]
@@ -400,7 +395,7 @@ class ChatService(
                 if turn.error is not None:
                     reply.error.CopyFrom(status_pb2.Status.FromString(turn.error))
         end = start + len(page)
-        turns = [_turn_without_reply(turn) for turn in unreplied]
+        turns = [_turn_without_reply(turn) for turn in view.turns_without_reply]
         if turns:  # placing them walks every message's time: not for a page that has none to place
             places = turn_places(messages, [turn.start_time for turn in turns])
             conversation.turns_without_reply.extend(

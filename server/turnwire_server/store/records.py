@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
+from turnwire.types import Cost
 from turnwire_client.v1 import message_pb2
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "BudgetSpend",
     "CompactionRecord",
     "ConversationRecord",
+    "ConversationView",
     "HeldTurn",
     "StreamRecord",
     "SubmissionRecord",
@@ -101,6 +103,31 @@ class ConversationRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class ConversationView:
+    """A conversation as ``GetConversation`` shows it, read on one snapshot of the store
+    (:meth:`~turnwire_server.store.transcripts.TranscriptStore.conversation_view`): a turn
+    whose checkpoint writes its reply between two reads is either a partial reply or a turn
+    without reply, never neither or both (docs/semantics.md §5)."""
+
+    record: ConversationRecord
+    messages: Sequence[message_pb2.Message]
+    """All messages, oldest first; read-only (shared with the store's message cache)."""
+    partial_replies: dict[str, TurnRecord]
+    """``{assistant message id: its latest turn}`` for each reply whose latest turn (a
+    continuation writes the same message) is ``running``, ``aborted``, ``error`` or
+    ``interrupted``, whether or not the reply is stored yet (a page lists those among its
+    messages); complete replies are absent."""
+    turns_without_reply: list[TurnRecord]
+    """Turns in those states whose assistant message does not exist (none stored yet, none
+    before the turn ended, or removed by a rollback): the most recently started (at most the
+    limit asked for), oldest first (ties by request id)."""
+    cost: Cost | None
+    """What the conversation's ended turns cost together (``TurnRecord.cost_usd``), their
+    sources joined by ``, `` in the order the turns started; None when one of them has an
+    unknown cost or none has ended (docs/cost.md)."""
+
+
+@dataclass(frozen=True, slots=True)
 class TurnRecord:
     """One turn as the store knows it.
 
@@ -116,7 +143,7 @@ class TurnRecord:
     every claim (takeover), so a write carrying :attr:`lease` is refused once another replica
     claimed the turn (docs/semantics.md §5, "Fencing"). ``cost_usd`` is what the turn cost in US
     dollars, written with its end (None: unknown, docs/cost.md), ``cost_source`` where its prices
-    came from; read by :meth:`~turnwire_server.store.transcripts.TranscriptStore.conversation_cost` and
+    came from; read by :meth:`~turnwire_server.store.transcripts.TranscriptStore.conversation_view` and
     :meth:`~turnwire_server.store.transcripts.TranscriptStore.list_turns`. ``timeline`` is the serialized
     ``turnwire.v1.TurnTimeline`` of what took its time, written with its end (None: running, or
     ended before timelines were stored, docs/inspector.md); the store never decodes it.

@@ -7,7 +7,6 @@ import datetime as dt
 from collections.abc import Collection, Sequence
 from typing import Protocol, runtime_checkable
 
-from turnwire.types import Cost
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store.records import (
     AddMode,
@@ -15,6 +14,7 @@ from turnwire_server.store.records import (
     AnsweredToolCalls,
     CompactionRecord,
     ConversationRecord,
+    ConversationView,
     ToolCallAnswer,
     TurnRecord,
 )
@@ -49,24 +49,12 @@ class TranscriptStore(Protocol):
         kept objects, ``store/core/message_cache.py``); copy one (``CopyFrom``) to change it."""
         ...
 
-    async def partial_replies(self, conversation_id: str) -> dict[str, TurnRecord]:
-        """``{assistant message id: its latest turn}`` for each reply whose latest turn (a
-        continuation writes the same message) is ``running``, ``aborted``, ``error`` or
-        ``interrupted``; complete replies are absent. One read."""
-        ...
-
-    async def conversation_cost(self, conversation_id: str) -> Cost | None:
-        """What the conversation's ended turns cost together (``TurnRecord.cost_usd``), their
-        sources joined by ``, `` in the order the turns started; None when one of them has an
-        unknown cost or none has ended (docs/cost.md). One read."""
-        ...
-
-    async def turns_without_reply(self, conversation_id: str, limit: int) -> list[TurnRecord]:
-        """The conversation's turns that are ``running``, ``aborted``, ``error`` or
-        ``interrupted`` and whose assistant message does not exist (none stored yet, none
-        before the turn ended, or removed by a rollback): the ``limit`` (>= 1) most recently
-        started, oldest first (ties by request id). [] for an unknown conversation. One
-        read, index-served (docs/semantics.md §5)."""
+    async def conversation_view(self, conversation_id: str, unreplied_limit: int) -> ConversationView | None:
+        """The conversation's record, messages, partial replies, at most ``unreplied_limit``
+        (>= 1) turns without reply and cost (:class:`ConversationView`), all read on one
+        snapshot; None when the conversation does not exist. Index-served (docs/semantics.md
+        §5). Raises :class:`ValueError` when ``unreplied_limit`` < 1, :class:`StoreCorrupted`
+        for a message that cannot be decoded."""
         ...
 
     async def list_turns(

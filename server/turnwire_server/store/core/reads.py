@@ -48,6 +48,7 @@ from turnwire_server.store.records import (
     BudgetSpend,
     CompactionRecord,
     ConversationRecord,
+    ConversationView,
     StreamRecord,
     SubmissionRecord,
     TurnRecord,
@@ -60,11 +61,20 @@ LOAD_COMPACTION_SQL: Final = f"SELECT {COMPACTION_COLUMNS} FROM compactions WHER
 
 _PARTIAL_REPLIES_SQL: Final = partial_replies_sql("?")
 _TURNS_WITHOUT_REPLY_SQL: Final = turns_without_reply_sql("?")
+_CONVERSATION_SQL: Final = f"SELECT {CONVERSATION_COLUMNS} FROM conversations WHERE id = ?"
 _FAILED_STATES: Final = "('error', 'aborted', 'interrupted')"
 _CONVERSATION_COST_SQL: Final = (
     "SELECT cost_usd, cost_source FROM turns WHERE conversation_id = ? AND state <> 'running'"
     " ORDER BY start_time, request_id"
 )
+
+
+def _cost_of(rows: Sequence[Any]) -> Cost | None:
+    """The conversation's cost of :data:`_CONVERSATION_COST_SQL`'s rows (``ConversationView.cost``)."""
+    if not rows or any(usd is None for usd, _ in rows):
+        return None
+    sources = dict.fromkeys(part for _, source in rows if source for part in source.split(", "))
+    return Cost(sum(usd for usd, _ in rows), ", ".join(sources))
 
 
 class CoreReads:
@@ -82,6 +92,13 @@ class CoreReads:
 
     async def _read(self, what: str, sql: str, params: Sequence[Any]) -> list[Any]:
         """The rows of ``sql`` (``?`` placeholders); raises :class:`StoreError` naming ``what``."""
+        raise NotImplementedError
+
+    async def _read_together(
+        self, what: str, statements: Sequence[tuple[str, Sequence[Any]]]
+    ) -> list[list[Any]]:
+        """Each of ``statements``' rows (``?`` placeholders), all read on one snapshot; raises
+        :class:`StoreError` naming ``what``."""
         raise NotImplementedError
 
     async def list_conversations(
@@ -135,30 +152,13 @@ class CoreReads:
 
     async def get_conversation(self, conversation_id: str) -> ConversationRecord | None:
         """The conversation's record (times tz-aware UTC), or ``None`` when it does not exist."""
-        rows = await self._read(
-            "get_conversation",
-            f"SELECT {CONVERSATION_COLUMNS} FROM conversations WHERE id = ?",
-            (conversation_id,),
-        )
+        rows = await self._read("get_conversation", _CONVERSATION_SQL, (conversation_id,))
         return conversation_from_row(rows[0]) if rows else None
 
     async def fork_descendants(self, conversation_id: str) -> list[str]:
         """See :meth:`~turnwire_server.store.maintenance.MaintenanceStore.fork_descendants`."""
         rows = await self._read("fork_descendants", DESCENDANTS_SQL, (conversation_id,))
         return sorted(row[0] for row in rows)
-
-    async def partial_replies(self, conversation_id: str) -> dict[str, TurnRecord]:
-        """See :meth:`~turnwire_server.store.transcripts.TranscriptStore.partial_replies`."""
-        rows = await self._read("partial_replies", _PARTIAL_REPLIES_SQL, (conversation_id,))
-        return partial_replies_of(rows)
-
-    async def conversation_cost(self, conversation_id: str) -> Cost | None:
-        """See :meth:`~turnwire_server.store.transcripts.TranscriptStore.conversation_cost`."""
-        rows = await self._read("conversation_cost", _CONVERSATION_COST_SQL, (conversation_id,))
-        if not rows or any(usd is None for usd, _ in rows):
-            return None
-        sources = dict.fromkeys(part for _, source in rows if source for part in source.split(", "))
-        return Cost(sum(usd for usd, _ in rows), ", ".join(sources))
 
     async def budget_spends(self, keys: Sequence[BudgetKey]) -> dict[BudgetKey, BudgetSpend]:
         """See :meth:`~turnwire_server.store.budgets.BudgetStore.budget_spends`."""
@@ -167,13 +167,30 @@ class CoreReads:
         sql, params = read_spends(keys)
         return spends_from_rows(await self._read("budget_spends", sql, params))
 
-    async def turns_without_reply(self, conversation_id: str, limit: int) -> list[TurnRecord]:
-        """See :meth:`~turnwire_server.store.transcripts.TranscriptStore.turns_without_reply`; raises
-        :class:`ValueError` when ``limit`` < 1."""
-        if limit < 1:
-            raise ValueError(f"limit must be >= 1, got {limit}")
-        rows = await self._read("turns_without_reply", _TURNS_WITHOUT_REPLY_SQL, (conversation_id, limit))
-        return [turn_from_row(row) for row in reversed(rows)]
+    async def conversation_view(self, conversation_id: str, unreplied_limit: int) -> ConversationView | None:
+        """See :meth:`~turnwire_server.store.transcripts.TranscriptStore.conversation_view`."""
+        if unreplied_limit < 1:
+            raise ValueError(f"unreplied_limit must be >= 1, got {unreplied_limit}")
+        read = self._decoded.read(conversation_id)
+        found, messages, partial, unreplied, costs = await self._read_together(
+            "conversation_view",
+            [
+                (_CONVERSATION_SQL, (conversation_id,)),
+                (read.sql, read.params),
+                (_PARTIAL_REPLIES_SQL, (conversation_id,)),
+                (_TURNS_WITHOUT_REPLY_SQL, (conversation_id, unreplied_limit)),
+                (_CONVERSATION_COST_SQL, (conversation_id,)),
+            ],
+        )
+        if not found:
+            return None
+        return ConversationView(
+            record=conversation_from_row(found[0]),
+            messages=self._decoded.messages(read, messages),
+            partial_replies=partial_replies_of(partial),
+            turns_without_reply=[turn_from_row(row) for row in reversed(unreplied)],
+            cost=_cost_of(costs),
+        )
 
     async def list_turns(
         self, conversation_id: str, page_size: int, page_token: str, *, failed_only: bool = False

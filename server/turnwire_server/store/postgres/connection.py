@@ -328,6 +328,27 @@ class PostgresConnection(CoreWrites, CoreReads, CoreSchedules, CoreWebhooks):
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
             raise self._error(exc, what) from None
 
+    async def _read_together(
+        self, what: str, statements: Sequence[tuple[str, Sequence[Any]]]
+    ) -> list[list[Any]]:
+        """Each statement's rows, read on one snapshot: a ``REPEATABLE READ, READ ONLY``
+        transaction in pipeline mode (``BEGIN``, the statements and ``COMMIT`` in one round
+        trip; a ``READ COMMITTED`` statement would see each its own snapshot)."""
+        pool = self._require_pool(what)
+        try:
+            async with pool.connection() as conn:
+                try:
+                    async with conn.pipeline():
+                        await conn.execute(b"BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                        cursors = [await conn.execute(db.native(sql), params) for sql, params in statements]
+                        await conn.execute(b"COMMIT")
+                    return [list(await cursor.fetchall()) for cursor in cursors]
+                except psycopg.Error:
+                    await db.discard(conn)  # a failed pipeline leaves it unusable (db.discard)
+                    raise
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+            raise self._error(exc, what) from None
+
     async def _write(
         self,
         what: str,

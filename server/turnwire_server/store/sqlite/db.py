@@ -22,7 +22,7 @@ WriteFn = Callable[[sqlite3.Connection, int], None]
 transaction; ``now_us`` is the write's time (µs since the epoch, strictly increasing)."""
 
 DB_ERRORS: Final = (sqlite3.Error, ValueError, OSError)
-"""Errors of the database layer (aiosqlite raises ValueError on a closed connection)."""
+"""Errors of the database layer (the reader raises ValueError once closed)."""
 
 
 def store_error(exc: BaseException, what: str) -> StoreError:

@@ -3,8 +3,9 @@
 Two connections to one database file: a writer, a plain ``sqlite3`` connection
 on its own thread that applies queued writes in call order and batches
 everything pending into one transaction (group commit; see
-:mod:`turnwire_server.store.sqlite.writer`), and a read-only aiosqlite reader. In WAL mode
-the reader sees only committed data and never waits for the writer.
+:mod:`turnwire_server.store.sqlite.writer`), and a read-only reader on a thread of its own
+(:mod:`turnwire_server.store.sqlite.reader`). In WAL mode the reader sees only committed data
+and never waits for the writer.
 
 The schema lives in ``server/store/migrations/sqlite/NNNN_name.sql``; pending
 migrations run at :meth:`SqliteStore.open` (see :mod:`turnwire_server.store.sqlite.migrations`).
@@ -19,7 +20,6 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppres
 from pathlib import Path
 from typing import Any, TypeVar
 
-import aiosqlite
 import filelock
 
 from turnwire_client.v1 import message_pb2
@@ -42,6 +42,7 @@ from turnwire_server.store.records import (
 )
 from turnwire_server.store.sqlite.db import DB_ERRORS, DIALECT, run_program, store_error
 from turnwire_server.store.sqlite.migrations import Migration, load_migrations
+from turnwire_server.store.sqlite.reader import Reader
 from turnwire_server.store.sqlite.writer import BUSY_TIMEOUT_MS, SqliteWriter
 from turnwire_server.store.sqlite_location import missing_directory
 
@@ -125,7 +126,7 @@ class SqliteStore(CoreWrites, CoreReads, CoreSchedules, CoreWebhooks):
         # One server process per database file: its turn lock lives in the process.
         self._process_lock = filelock.FileLock(f"{self._path}.lock", timeout=0)
         self._writer = SqliteWriter(self._path, batch_s=checkpoint_batch_ms / 1000)
-        self._reader_db: aiosqlite.Connection | None = None
+        self._reader: Reader | None = None
         self._opened = False
         self._closing = False
         self._locks = LocalTurnLocks()
@@ -180,21 +181,16 @@ class SqliteStore(CoreWrites, CoreReads, CoreSchedules, CoreWebhooks):
         except BaseException:
             self._process_lock.release()
             raise
-        reader: aiosqlite.Connection | None = None
+        reader = Reader(self._path, BUSY_TIMEOUT_MS)
         try:
-            reader = await aiosqlite.connect(self._path, isolation_level=None)
-            await reader.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-            await reader.execute("PRAGMA query_only=ON")
+            await reader.open()
         except BaseException as exc:
-            if reader is not None:
-                with suppress(Exception):
-                    await reader.close()
             with suppress(Exception):
                 await self._writer.close()
             if isinstance(exc, DB_ERRORS):
                 raise store_error(exc, f"opening {self._path}") from exc
             raise
-        self._reader_db = reader
+        self._reader = reader
         self._opened = True
         # The turn queue of one process lives in memory: what a previous process left gets its
         # place in line back, first the turns it ran (recovered, or ended, first), then pending
@@ -218,7 +214,7 @@ class SqliteStore(CoreWrites, CoreReads, CoreSchedules, CoreWebhooks):
             await self._writer.close()
         except StoreError as exc:
             errors.append(exc)
-        reader, self._reader_db = self._reader_db, None
+        reader, self._reader = self._reader, None
         if reader is not None:
             try:
                 await reader.close()
@@ -353,11 +349,22 @@ class SqliteStore(CoreWrites, CoreReads, CoreSchedules, CoreWebhooks):
         return outcome[0]
 
     async def _read(self, what: str, sql: str, params: Iterable[Any]) -> list[Any]:
-        db = self._reader_db
-        if db is None:
+        reader = self._reader
+        if reader is None:
             raise StoreError(f"sqlite store: {what}: store is not open")
         try:
-            return list(await db.execute_fetchall(sql, params))
+            return await reader.read(sql, list(params))
+        except DB_ERRORS as exc:
+            raise store_error(exc, what) from exc
+
+    async def _read_together(
+        self, what: str, statements: Sequence[tuple[str, Sequence[Any]]]
+    ) -> list[list[Any]]:
+        reader = self._reader
+        if reader is None:
+            raise StoreError(f"sqlite store: {what}: store is not open")
+        try:
+            return await reader.read_together(statements)
         except DB_ERRORS as exc:
             raise store_error(exc, what) from exc
 

@@ -1,12 +1,12 @@
 """A thread that runs blocking calls for the event loop, one at a time and in call order: the
-SQLite writer's and its checkpoints' (their connections live on it).
+SQLite writer's, its checkpoints' and the reader's (their connections live on it).
 
 Why not ``loop.run_in_executor`` with a one-worker ``ThreadPoolExecutor``: a call costs the
 event loop about three times the CPU there (the executor's locks and thread accounting, a
 ``concurrent.futures.Future`` chained to an asyncio one through callbacks): 32 to 60 µs against
 12 to 18 µs for a ``queue.SimpleQueue`` and one ``call_soon_threadsafe`` back (uvloop,
 ``bench/thread_hops.py``; bench/ttft.md "Issue 33: the store's thread hops"). A turn makes two
-such calls (its admission and its end). aiosqlite's reader thread works the same way.
+such calls (its admission and its end). The reader (:mod:`.reader`) runs on one too.
 """
 
 from __future__ import annotations
