@@ -45,3 +45,14 @@ async def test_no_ended_turn_no_cost(store: Store) -> None:
     assert await store.conversation_view("never", 1) is None
     await started_turn(store, "busy", 0)
     assert await _cost(store, "busy") is None
+
+
+async def test_sources_are_named_in_the_order_the_turns_first_used_them(store: Store) -> None:
+    """The database sums the costs by source (a few rows for a long conversation); the sources
+    still come in the order of the first turn that used each, whatever the rows' grouping."""
+    turns = [await started_turn(store, "s", n) for n in range(5)]
+    for turn, source in zip(
+        turns, ["manual", "config", "manual", "genai-prices 0.2.3, config", "config"], strict=True
+    ):
+        await _end(store, turn, 0.5, source)
+    assert await _cost(store, "s") == Cost(2.5, "manual, config, genai-prices 0.2.3")

@@ -64,17 +64,23 @@ _TURNS_WITHOUT_REPLY_SQL: Final = turns_without_reply_sql("?")
 _CONVERSATION_SQL: Final = f"SELECT {CONVERSATION_COLUMNS} FROM conversations WHERE id = ?"
 _FAILED_STATES: Final = "('error', 'aborted', 'interrupted')"
 _CONVERSATION_COST_SQL: Final = (
-    "SELECT cost_usd, cost_source FROM turns WHERE conversation_id = ? AND state <> 'running'"
-    " ORDER BY start_time, request_id"
+    "SELECT cost_source, SUM(cost_usd), COUNT(*) - COUNT(cost_usd) FROM turns"
+    " WHERE conversation_id = ? AND state <> 'running'"
+    " GROUP BY cost_source ORDER BY MIN(start_time), MIN(request_id)"
 )
+"""The conversation's ended turns' cost summed by the database, one row per distinct
+``cost_source``, in the order of the first turn that names it (turns of a conversation start at
+distinct times; ``MIN(request_id)`` only makes a tie's order stable): a read of a long conversation
+sends a few rows, not one per turn (GetConversation, the doors' follow-ups)."""
 
 
 def _cost_of(rows: Sequence[Any]) -> Cost | None:
-    """The conversation's cost of :data:`_CONVERSATION_COST_SQL`'s rows (``ConversationView.cost``)."""
-    if not rows or any(usd is None for usd, _ in rows):
+    """The conversation's cost of :data:`_CONVERSATION_COST_SQL`'s rows (``ConversationView.cost``):
+    None when no turn ended or one's cost is unknown."""
+    if not rows or any(unknown for _, _, unknown in rows):
         return None
-    sources = dict.fromkeys(part for _, source in rows if source for part in source.split(", "))
-    return Cost(sum(usd for usd, _ in rows), ", ".join(sources))
+    sources = dict.fromkeys(part for source, _, _ in rows if source for part in source.split(", "))
+    return Cost(sum(usd for _, usd, _ in rows), ", ".join(sources))
 
 
 class CoreReads:
