@@ -65,10 +65,10 @@ async def _measure(store_kind: str, turns: int, calls: int) -> dict[str, float]:
                 conversation_id="c", start_message_id=last, page_size=16
             )
             for _ in range(20):
-                await service.GetConversation(request, None)  # type: ignore[arg-type]
+                await service.GetConversation(request, None)
             wall, cpu = time.perf_counter(), time.process_time()
             for _ in range(calls):
-                await service.GetConversation(request, None)  # type: ignore[arg-type]
+                await service.GetConversation(request, None)
             return {
                 "wall_ms": (time.perf_counter() - wall) / calls * 1e3,
                 "cpu_ms": (time.process_time() - cpu) / calls * 1e3,
@@ -119,7 +119,9 @@ def main() -> None:
                     seen.setdefault((arm, store_kind, turns), []).append(result)
     print("| store | turns | code | wall ms / call p50 of rounds | sidecar CPU ms / call |")
     print("|---|---|---|---|---|")
-    for (arm, store_kind, turns), results in sorted(seen.items(), key=lambda kv: (kv[0][1:], kv[0][0] != "old")):
+    for (arm, store_kind, turns), results in sorted(
+        seen.items(), key=lambda kv: (kv[0][1:], kv[0][0] != "old")
+    ):
         wall = statistics.median(r["wall_ms"] for r in results)
         cpu = statistics.median(r["cpu_ms"] for r in results)
         print(f"| {store_kind} | {turns:,} | {arm} | {wall:.2f} | {cpu:.2f} |")
