@@ -234,11 +234,8 @@ class StaticScript:
         return self.steps[min(request.step_number, len(self.steps) - 1)]
 
 
-def overflow_error(input_tokens: int, window: int) -> ProviderError:
-    """The error a model with a ``window``-token context gives a request of ``input_tokens``:
-    Anthropic's wording and body (HTTP 400 ``invalid_request_error``, "prompt is too long: N
-    tokens > M maximum"), so classifiers see a real overflow."""
-    message = f"prompt is too long: {input_tokens} tokens > {window} maximum"
+def _invalid_request(message: str) -> ProviderError:
+    """Anthropic's HTTP 400 ``invalid_request_error`` saying ``message``, body and all."""
     return ProviderError(
         message,
         status=400,
@@ -247,6 +244,14 @@ def overflow_error(input_tokens: int, window: int) -> ProviderError:
         provider="scripted",
         body={"type": "error", "error": {"type": "invalid_request_error", "message": message}},
     )
+
+
+def overflow_error(input_tokens: int, window: int) -> ProviderError:
+    """The error a model with a ``window``-token context gives a request of ``input_tokens``:
+    Anthropic's wording and body (HTTP 400 ``invalid_request_error``, "prompt is too long: N
+    tokens > M maximum"), so classifiers see a real overflow."""
+    message = f"prompt is too long: {input_tokens} tokens > {window} maximum"
+    return _invalid_request(message)
 
 
 def output_overflow_error(input_tokens: int, max_tokens: int, window: int) -> ProviderError:
@@ -257,11 +262,4 @@ def output_overflow_error(input_tokens: int, max_tokens: int, window: int) -> Pr
         f"input length and `max_tokens` exceed context limit: {input_tokens} + {max_tokens} > {window}, "
         "decrease input length or `max_tokens` and try again"
     )
-    return ProviderError(
-        message,
-        status=400,
-        type="invalid_request_error",
-        retryable=False,
-        provider="scripted",
-        body={"type": "error", "error": {"type": "invalid_request_error", "message": message}},
-    )
+    return _invalid_request(message)
