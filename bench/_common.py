@@ -126,6 +126,12 @@ def floor_responses(deltas: int, chunk_size: int) -> list[chat_service_pb2.ChatR
 # ----------------------------------------------------------------------------- processes
 
 
+def checkout_pythonpath(tree: Path) -> str:
+    """A ``PYTHONPATH`` that runs another checkout's code (``tree``: its ``server``,
+    ``middleware`` and ``clients/python/src``), for a bench's "old" arm."""
+    return os.pathsep.join(str(tree / part) for part in ("server", "middleware", "clients/python/src"))
+
+
 def free_port() -> int:
     """A TCP port free right now on 127.0.0.1."""
     with socket.socket() as sock:

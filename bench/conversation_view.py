@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import checkout_pythonpath
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -78,8 +80,7 @@ async def _measure(store_kind: str, turns: int, calls: int) -> dict[str, float]:
 
 
 def _run_arm(tree: Path, store_kind: str, turns: int, calls: int) -> dict[str, float]:
-    paths = [tree / "server", tree / "middleware", tree / "clients" / "python" / "src"]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, paths)))
+    env = dict(os.environ, PYTHONPATH=checkout_pythonpath(tree))
     out = subprocess.run(
         [sys.executable, __file__, "--child", store_kind, str(turns), str(calls)],
         env=env,

@@ -35,6 +35,7 @@ from _common import (
     CLIENT_OPTIONS,
     PYTHON,
     ServerProcess,
+    checkout_pythonpath,
     cpu_seconds_of,
     free_port,
     machine_summary,
@@ -85,8 +86,7 @@ http:
         """Start the sidecar, with ``source``'s code first on its path when given."""
         before = os.environ.get("PYTHONPATH")
         if self.source is not None:
-            roots = [self.source / "server", self.source / "middleware", self.source / "clients/python/src"]
-            os.environ["PYTHONPATH"] = os.pathsep.join(map(str, roots))
+            os.environ["PYTHONPATH"] = checkout_pythonpath(self.source)
         try:
             await self.server.start(startup_seconds=120.0)
         finally:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any, TypeVar
@@ -348,25 +348,24 @@ class SqliteStore(CoreWrites, CoreReads, CoreSchedules, CoreWebhooks):
         )
         return outcome[0]
 
-    async def _read(self, what: str, sql: str, params: Iterable[Any]) -> list[Any]:
-        reader = self._reader
-        if reader is None:
-            raise StoreError(f"sqlite store: {what}: store is not open")
+    async def _read(self, what: str, sql: str, params: Sequence[Any]) -> list[Any]:
         try:
-            return await reader.read(sql, list(params))
+            return await self._open_reader(what).read(sql, params)
         except DB_ERRORS as exc:
             raise store_error(exc, what) from exc
 
     async def _read_together(
         self, what: str, statements: Sequence[tuple[str, Sequence[Any]]]
     ) -> list[list[Any]]:
-        reader = self._reader
-        if reader is None:
-            raise StoreError(f"sqlite store: {what}: store is not open")
         try:
-            return await reader.read_together(statements)
+            return await self._open_reader(what).read_together(statements)
         except DB_ERRORS as exc:
             raise store_error(exc, what) from exc
+
+    def _open_reader(self, what: str) -> Reader:
+        if self._reader is None:
+            raise StoreError(f"sqlite store: {what}: store is not open")
+        return self._reader
 
 
 def _with_history(program: Program[T], read: HistoryRead) -> Program[tuple[T, list[Any] | None]]:
