@@ -6,6 +6,7 @@ middleware), plus what only the stream does.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +22,7 @@ from test_remote_hooks import PARENT, RemoteEngine, counters_from_here, metric  
 from turnwire.hooks import SessionContext
 from turnwire_client.v1 import event_pb2, hooks_pb2
 from turnwire_server.remote_hooks import RemoteMiddleware
+from turnwire_server.remote_hooks import session as session_module
 from turnwire_server.remote_hooks.settings import RemoteHookSettings
 
 
@@ -72,6 +74,99 @@ async def test_the_turn_ends_without_waiting_for_its_streams_half_close_which_st
             assert server.count("OnChatResponse") == n + 1
         await wait_until(lambda: server.sessions_ended == 3, what="the three streams half-closed")
     assert server.sessions == 3
+
+
+def _turns_of(server: RecordingHookServer) -> list[tuple[str, str]]:
+    """(rpc, the turn it named) of every stream call but OnChunks', in order."""
+    return [(c.rpc, c.metadata.get(PARENT, "")) for c in server.calls if c.stream]
+
+
+TURN_RPCS = [
+    "BeforeTurn",
+    "BeforeStep",
+    "BeforeToolCall",
+    "AfterToolCall",
+    "OnStepFinish",
+    "BeforeStep",
+    "OnStepFinish",
+    "OnChatResponse",
+]
+
+
+async def test_a_reusing_server_gets_turn_after_turn_on_one_stream_each_call_naming_its_turn(
+    remote_engine: RemoteEngine,
+) -> None:
+    server = RecordingHookServer(reuse_hook_session=True)
+    async with serving(server) as address:
+        harness, _ = await remote_engine(address)
+        for n in range(3):
+            end = end_of(await harness.run("check", request_id=f"r-reuse-{n}"))
+            assert end.status == event_pb2.TURN_STATUS_COMPLETED
+        assert server.sessions == 1 and server.sessions_ended == 0  # kept open between turns
+        # Each call names its own turn (the stream's metadata names only the first), and a
+        # turn's calls come together, in order.
+        assert _turns_of(server) == [(rpc, f"r-reuse-{n}") for n in range(3) for rpc in TURN_RPCS]
+        await harness.run("check", request_id="r-reuse-3")
+    assert server.sessions == 1
+
+
+async def test_a_stream_given_up_mid_turn_is_not_reused(remote_engine: RemoteEngine) -> None:
+    # Step 0's OnStepFinish never answers: at its deadline the stream is given up (the turn's
+    # later calls unary); the next turn opens a new stream and keeps it.
+    server = RecordingHookServer(reuse_hook_session=True)
+
+    async def first_turn_hangs(request: Any, context: Any) -> Any:
+        if request.turn.request_id == "r-hang":
+            await sleep_forever(request, context)
+        return hooks_pb2.OnStepFinishResponse()
+
+    server.answers["OnStepFinish"] = first_turn_hangs
+    async with serving(server) as address:
+        harness, _ = await remote_engine(address, deadline_seconds=0.3, failure_mode="open")
+        assert end_of(await harness.run("go", request_id="r-hang")).status == event_pb2.TURN_STATUS_COMPLETED
+        for n in range(2):
+            end = end_of(await harness.run("go", request_id=f"r-after-{n}"))
+            assert end.status == event_pb2.TURN_STATUS_COMPLETED
+    assert server.sessions == 2
+    later = [turn for rpc, turn in _turns_of(server) if turn != "r-hang"]
+    assert later == [f"r-after-{n}" for n in range(2) for _ in TURN_RPCS]
+
+
+async def test_concurrent_turns_get_streams_of_their_own_and_the_idle_ones_are_bounded(
+    remote_engine: RemoteEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A stream carries one turn at a time: turns at once each open one (never interleaved on
+    # one); at their ends at most MAX_IDLE_SESSIONS stay open, the others are half-closed.
+    monkeypatch.setattr(session_module, "MAX_IDLE_SESSIONS", 2)
+    server = RecordingHookServer(reuse_hook_session=True)
+    gate = asyncio.Event()
+
+    async def held(request: Any, context: Any) -> Any:
+        await gate.wait()  # every turn is inside its first call before any goes on
+        return hooks_pb2.BeforeTurnResponse()
+
+    server.answers["BeforeTurn"] = held
+    async with serving(server) as address:
+        harness, _ = await remote_engine(address)
+        turns = [
+            asyncio.ensure_future(
+                harness.run("check", request_id=f"r-many-{n}", conversation_id=f"c-many-{n}")
+            )
+            for n in range(4)
+        ]
+        await wait_until(lambda: server.count("BeforeTurn") == 4, what="four turns in their BeforeTurn")
+        gate.set()
+        for turn in turns:
+            assert end_of(await turn).status == event_pb2.TURN_STATUS_COMPLETED
+        await wait_until(
+            lambda: server.sessions_ended == 2, what="the idle streams past the bound half-closed"
+        )
+        assert server.sessions == 4
+        by_stream_order = _turns_of(server)
+        for n in range(4):  # each turn's calls, in order
+            assert [rpc for rpc, turn in by_stream_order if turn == f"r-many-{n}"] == TURN_RPCS
+        end_of(await harness.run("check", request_id="r-many-next"))
+    assert server.sessions == 4  # the next turn took a kept stream
 
 
 async def test_a_server_without_hook_session_gets_a_unary_rpc_per_call(remote_engine: RemoteEngine) -> None:

@@ -12,7 +12,10 @@ awaits to) the response (``OnChunks``: called with the list of requests once the
 cannot decode them).
 
 ``hook_session=True`` offers the ``HookSession`` stream (docs/semantics.md §4): its requests are
-recorded and answered by the same methods as the unary RPCs, in order, one at a time.
+recorded and answered by the same methods as the unary RPCs, in order, one at a time;
+``reuse_hook_session=True`` also lets the sidecar carry turns one after another on a stream, each
+call's recorded metadata then naming the call's own turn (``HookCall.parent_request_id``), as a
+kit does; without it a call records the stream's metadata, as an older server reads it.
 """
 
 from __future__ import annotations
@@ -84,10 +87,12 @@ class RecordingHookServer(hooks_pb2_grpc.TurnHooksServiceServicer):
         include_messages: bool = False,
         record: Path | None = None,
         hook_session: bool | None = None,
+        reuse_hook_session: bool = False,
     ) -> None:
         self.hooks = list(hooks)
         self.include_messages = include_messages
         self.hook_session = self.default_hook_session if hook_session is None else hook_session
+        self.reuse_hook_session = reuse_hook_session
         self.sessions = 0  # HookSession calls opened
         self.sessions_ended = 0  # HookSession calls the sidecar half-closed (their requests ended)
         self.calls: list[Call] = []
@@ -127,7 +132,10 @@ class RecordingHookServer(hooks_pb2_grpc.TurnHooksServiceServicer):
 
     async def GetHookSubscriptions(self, request: Any, context: Any) -> Any:
         subscriptions = hooks_pb2.GetHookSubscriptionsResponse(
-            hooks=self.hooks, include_messages=self.include_messages, hook_session=self.hook_session
+            hooks=self.hooks,
+            include_messages=self.include_messages,
+            hook_session=self.hook_session,
+            reuse_hook_session=self.reuse_hook_session,
         )
         return await self._answer("GetHookSubscriptions", request, context, subscriptions)
 
@@ -178,7 +186,7 @@ class RecordingHookServer(hooks_pb2_grpc.TurnHooksServiceServicer):
                 rpc = _RPC_OF[member]
                 response = hooks_pb2.HookSessionResponse()
                 answer = response.answers.add(id=call.id)
-                session_context = _SessionContext(context, call)
+                session_context = _SessionContext(context, call, per_call_turn=self.reuse_hook_session)
                 if rpc in self.garbage:
                     self._record(rpc, getattr(call, member), session_context)
                     yield GARBAGE
@@ -214,14 +222,20 @@ class _Aborted(Exception):
 
 class _SessionContext:
     """What a unary handler reads of its context, for a request of a HookSession stream: the
-    stream's metadata (with the request's trace context), and ``abort`` as an error answer."""
+    stream's metadata (with the request's trace context and, ``per_call_turn``, its turn), and
+    ``abort`` as an error answer."""
 
-    def __init__(self, context: Any, envelope: Any) -> None:
+    def __init__(self, context: Any, envelope: Any, *, per_call_turn: bool) -> None:
         self._context = context
         self._envelope = envelope
+        self._per_call_turn = per_call_turn
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-        return (*(self._context.invocation_metadata() or ()), *self._envelope.trace_context.items())
+        pairs = [*(self._context.invocation_metadata() or ()), *self._envelope.trace_context.items()]
+        if self._per_call_turn:
+            pairs = [(k, v) for k, v in pairs if k != "turnwire-parent-request-id"]
+            pairs.append(("turnwire-parent-request-id", self._envelope.parent_request_id))
+        return tuple(pairs)
 
     async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
         raise _Aborted(code, details)

@@ -25,6 +25,9 @@ func (s *hooksService) GetHookSubscriptions(context.Context, *turnwirev1.GetHook
 		Hooks:           s.hooks.subscriptions(),
 		IncludeMessages: s.hooks.IncludeMessages,
 		HookSession:     true,
+		// Each session call's turn is taken from the call: streams may carry
+		// turns one after another.
+		ReuseHookSession: true,
 	}, nil
 }
 
@@ -132,7 +135,7 @@ func (s *hooksService) HookSession(stream turnwirev1.TurnHooksService_HookSessio
 			return err
 		}
 		for _, call := range request.GetCalls() {
-			answer := s.sessionAnswer(callContext(ctx, incoming, call.GetTraceContext()), call)
+			answer := s.sessionAnswer(callContext(ctx, incoming, call), call)
 			if err := stream.Send(&turnwirev1.HookSessionResponse{Answers: []*turnwirev1.HookAnswer{answer}}); err != nil {
 				return err
 			}
@@ -140,15 +143,21 @@ func (s *hooksService) HookSession(stream turnwirev1.TurnHooksService_HookSessio
 	}
 }
 
-// callContext is the stream's context with the call's trace context added to
-// its metadata, as a unary RPC of the call would carry it.
-func callContext(ctx context.Context, incoming metadata.MD, trace map[string]string) context.Context {
-	if len(trace) == 0 {
+// callContext is the stream's context with the call's trace context and turn
+// added to its metadata, as a unary RPC of the call would carry them (the
+// stream's metadata names only its first turn when the sidecar reuses it).
+func callContext(ctx context.Context, incoming metadata.MD, call *turnwirev1.HookCall) context.Context {
+	trace, parent := call.GetTraceContext(), call.GetParentRequestId()
+	sameParent := parent == "" || (len(incoming.Get(ParentRequestMetadata)) == 1 && incoming.Get(ParentRequestMetadata)[0] == parent)
+	if len(trace) == 0 && sameParent {
 		return ctx
 	}
 	md := incoming.Copy()
 	for key, value := range trace {
 		md.Set(key, value)
+	}
+	if !sameParent {
+		md.Set(ParentRequestMetadata, parent)
 	}
 	return metadata.NewIncomingContext(ctx, md)
 }

@@ -83,7 +83,9 @@ class HookServer:
 
     ``include_messages``: ask for the message history in ``BeforeTurnRequest`` and
     ``BeforeStepRequest`` (it can be large). ``hook_session``: offer the ``HookSession`` stream
-    (the sidecar uses it unless its config entry says ``hook_session: false``). Serve it with
+    (the sidecar uses it unless its config entry says ``hook_session: false``), and let the
+    sidecar keep it open from turn to turn (``reuse_hook_session``: each call's turn comes with
+    the call, :func:`turnwire.kit.call_info` gives it). Serve it with
     :func:`turnwire.kit.serve` (or add :meth:`servicer` to your own ``grpc.aio.Server``).
     """
 
@@ -212,6 +214,9 @@ class _Servicer(hooks_pb2_grpc.TurnHooksServiceServicer):
             hooks=self._server.implemented_hooks(),
             include_messages=self._server.include_messages,
             hook_session=self._server.hook_session,
+            # Each session call's turn is taken from the call (below): streams may carry turns
+            # one after another.
+            reuse_hook_session=self._server.hook_session,
         )
 
     async def _unary(self, name: str, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
@@ -269,10 +274,15 @@ class _Servicer(hooks_pb2_grpc.TurnHooksServiceServicer):
         return hooks_pb2.OnChunksResponse()
 
     async def HookSession(self, request_iterator: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
-        # One call at a time, in order, each answered as soon as it is done (hooks.proto).
+        # One call at a time, in order, each answered as soon as it is done (hooks.proto). The
+        # stream's metadata names its first turn; each call names its own (a reused stream).
         metadata = calls.metadata_of(context.invocation_metadata())
         async for request in request_iterator:
             for call in request.calls:
+                if call.parent_request_id and call.parent_request_id != metadata.get(
+                    calls.PARENT_REQUEST_METADATA
+                ):
+                    metadata = {**metadata, calls.PARENT_REQUEST_METADATA: call.parent_request_id}
                 calls.enter(metadata, dict(call.trace_context))
                 name = call.WhichOneof("hook")
                 answer = hooks_pb2.HookAnswer(id=call.id)

@@ -182,6 +182,7 @@ class RemoteMiddleware(HookCalls, Middleware):
             return None
         self._subscribe(self._hooks_of(subscriptions), include_messages=subscriptions.include_messages)
         self.hook_session = subscriptions.hook_session and self.settings.hook_session
+        self._sessions.reuse = subscriptions.reuse_hook_session
         return None
 
     def _hooks_of(self, response: hooks_pb2.GetHookSubscriptionsResponse) -> frozenset[str]:
@@ -234,6 +235,7 @@ class RemoteMiddleware(HookCalls, Middleware):
             )
         self.subscribed = hooks & self._implemented
         self.hook_session = response.hook_session and self.settings.hook_session
+        self._sessions.reuse = response.reuse_hook_session
         configured = self.settings.include_messages
         self.include_messages = response.include_messages if configured is None else configured
 
@@ -274,7 +276,7 @@ class RemoteMiddleware(HookCalls, Middleware):
 
     def _open_session(self, request_id: str) -> HookSession:
         assert self._channel is not None, "configure_session was not run"
-        return HookSession(self._channel, self._metadata(request_id))
+        return HookSession(self._channel, self._metadata(request_id), request_id)
 
     def _trace_context(self) -> Mapping[str, str]:
         return _trace_context()

@@ -75,11 +75,15 @@ def _varint(value: int) -> bytes:
 _TAGS = {rpc: _varint(number << 3 | 2) for rpc, (_, number) in FIELDS.items()}
 
 
-def _encode_call(call_id: int, rpc: str, request: Any, trace_context: Mapping[str, str]) -> bytes:
+def _encode_call(
+    call_id: int, rpc: str, request: Any, trace_context: Mapping[str, str], request_id: str
+) -> bytes:
     """``HookCall`` bytes without copying the hook's request into a message: the call's own
     fields, then the request's bytes as its oneof member (protobuf merges concatenated fields,
     so this is the same message)."""
-    head: bytes = hooks_pb2.HookCall(id=call_id, trace_context=trace_context).SerializeToString()
+    head: bytes = hooks_pb2.HookCall(
+        id=call_id, trace_context=trace_context, parent_request_id=request_id
+    ).SerializeToString()
     payload: bytes = request.SerializeToString()
     return head + _TAGS[rpc] + _varint(len(payload)) + payload
 
@@ -94,20 +98,26 @@ HOLD_SECONDS = 0.05
 
 
 class HookSession:
-    """One turn's ``HookSession`` call on ``channel`` with ``metadata`` (the turn's parent
-    request id, the trace context at its opening). Not thread-safe: one event loop uses it.
+    """A ``HookSession`` call on ``channel`` with ``metadata`` (the parent request id of its first
+    turn, the trace context at its opening), carrying one turn at a time (:attr:`request_id`;
+    later turns too when the server reuses streams: :class:`TurnSessions`). Not thread-safe: one
+    event loop uses it.
 
     Writes go out from one writer task, in the order of the calls' ids: a caller does not wait
     for its write's completion, only for the answer (which implies it), so the send's completion
     and the server's work overlap instead of adding up."""
 
-    def __init__(self, channel: grpc.aio.Channel, metadata: tuple[tuple[str, str], ...]) -> None:
+    def __init__(
+        self, channel: grpc.aio.Channel, metadata: tuple[tuple[str, str], ...], request_id: str
+    ) -> None:
         method = channel.stream_stream(
             METHOD,
             request_serializer=_encode,
             response_deserializer=hooks_pb2.HookSessionResponse.FromString,
         )
         self._call: Any = method(metadata=metadata)
+        self.request_id = request_id
+        """The turn whose calls the stream carries now (each call names it: ``parent_request_id``)."""
         self._loop = asyncio.get_running_loop()
         self._next_id = 0
         self._pending: dict[int, tuple[str, asyncio.Future[Any]]] = {}
@@ -149,7 +159,7 @@ class HookSession:
         call_id = self._next_id
         future: asyncio.Future[Any] = self._loop.create_future()
         self._pending[call_id] = (rpc, future)
-        self._buffer.append(_encode_call(call_id, rpc, request, trace_context))
+        self._buffer.append(_encode_call(call_id, rpc, request, trace_context, self.request_id))
         return call_id, future
 
     def _flush(self) -> None:
@@ -209,19 +219,34 @@ class HookSession:
         if not self._reader.done() and self._reader is not asyncio.current_task():
             self._reader.cancel()
 
-    async def close(self, seconds: float, *, wait_seconds: float | None = None) -> None:
-        """Send the calls held and wait (at most ``wait_seconds``, default ``seconds``) for the
-        answers still due; then half-close the stream in the background (the turn does not wait
-        for it), the reader taking the server's end of the stream (given up after ``seconds``)."""
+    async def finish_turn(self, wait_seconds: float) -> bool:
+        """Send the calls held and wait (at most ``wait_seconds``) for the turn's answers still
+        due: True when the stream can carry another turn (every answer in, not broken). A cancel
+        during the wait breaks the stream (its answers would be nobody's)."""
         self._flush()
         if self.broken is not None:
-            return
+            return False
         if self._pending:
             # Observing calls not answered yet (no OnChatResponse waited for them): the turn ends
             # once the server has taken them, as on the unary path; each call's own deadline
             # breaks the stream sooner when the server does not answer.
-            wait = seconds if wait_seconds is None else max(wait_seconds, 0.0)
-            await asyncio.wait([future for _, future in self._pending.values()], timeout=wait)
+            pending = [future for _, future in self._pending.values()]
+            try:
+                await asyncio.wait(pending, timeout=max(wait_seconds, 0.0))
+            except asyncio.CancelledError:
+                self.break_(RuntimeError("the turn was cancelled while its stream closed"))
+                raise
+        return self.broken is None and not self._pending
+
+    async def close(self, seconds: float, *, wait_seconds: float | None = None) -> None:
+        """:meth:`finish_turn` (waiting at most ``wait_seconds``, default ``seconds``), then
+        :meth:`end`."""
+        await self.finish_turn(seconds if wait_seconds is None else wait_seconds)
+        self.end(seconds)
+
+    def end(self, seconds: float) -> None:
+        """Half-close the stream in the background (the turn does not wait for it), the reader
+        taking the server's end of the stream (given up after ``seconds``)."""
         if self.broken is None:
             self._spawn(self._half_close(seconds))
 
@@ -266,6 +291,8 @@ class HookSession:
                     details = await self._call.details()
                     if self._pending:
                         self.break_(CallFailed(code, details or "the stream ended before its answers"))
+                    elif self.broken is None:  # nothing due: only never to carry another turn
+                        self.broken = SessionBroken(CallFailed(code, details or "the stream ended"))
                     return
                 if response is None:
                     # grpc.aio logs a message that does not decode and hands back None.
@@ -292,15 +319,27 @@ OPENING_HOOKS = frozenset(
 turn's stream when one is open, else a unary RPC (one call is not worth a stream)."""
 
 
+MAX_IDLE_SESSIONS = 16
+"""Streams kept open between turns per server that reuses them (``reuse_hook_session``); past
+it the longest idle is half-closed. The most a burst of concurrent turns leaves open."""
+
+
 class TurnSessions:
     """The ``HookSession`` of each running turn of one server, by request id (None: the turn's
     stream broke, its later calls are unary). ``deadline_seconds`` bounds a closing stream's
-    wait for the server's end; ``background`` keeps the tasks of evicted streams' closing."""
+    wait for the server's end; ``background`` keeps the tasks of evicted streams' closing.
+
+    :attr:`reuse` (the server's ``reuse_hook_session``): a turn's stream whose answers are all in
+    when the turn ends is kept for the next turn (at most :data:`MAX_IDLE_SESSIONS`), which then
+    opens none: each call names its turn (``HookCall.parent_request_id``), and a stream carries
+    one turn at a time, so the server sees each turn's calls in order, never interleaved."""
 
     def __init__(self, deadline_seconds: float, background: set[asyncio.Task[Any]]) -> None:
         self._deadline = deadline_seconds
         self._background = background
         self._by_turn: OrderedDict[str, HookSession | None] = OrderedDict()
+        self._idle: list[HookSession] = []  # the most recently parked last
+        self.reuse = False
 
     def get(
         self, request_id: str, hook: str, open_session: Callable[[str], HookSession]
@@ -314,7 +353,8 @@ class TurnSessions:
             return session
         if hook not in OPENING_HOOKS:
             return None
-        session = self._by_turn[request_id] = open_session(request_id)
+        session = self._take_idle(request_id) or open_session(request_id)
+        self._by_turn[request_id] = session
         while len(self._by_turn) > MAX_OPEN_SESSIONS:
             _, oldest = self._by_turn.popitem(last=False)
             if oldest is not None:
@@ -322,6 +362,16 @@ class TurnSessions:
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
         return session
+
+    def _take_idle(self, request_id: str) -> HookSession | None:
+        """A parked stream for ``request_id``'s turn (the most recently parked: its connection's
+        state is the warmest), skipping those the server ended meanwhile."""
+        while self._idle:
+            session = self._idle.pop()
+            if session.broken is None:
+                session.request_id = request_id
+                return session
+        return None
 
     def unary(self, request_id: str) -> None:
         """The turn's stream broke: its later calls are unary RPCs."""
@@ -333,15 +383,23 @@ class TurnSessions:
         ``wait_seconds`` (default the deadline) for the answers still due."""
         if self._by_turn:
             session = self._by_turn.pop(request_id, None)
-            if session is not None:
-                await session.close(self._deadline, wait_seconds=wait_seconds)
+            if session is None:
+                return
+            wait = self._deadline if wait_seconds is None else wait_seconds
+            if await session.finish_turn(wait) and self.reuse:
+                self._idle.append(session)
+                while len(self._idle) > MAX_IDLE_SESSIONS:
+                    self._idle.pop(0).end(self._deadline)
+            else:
+                session.end(self._deadline)
 
     def break_all(self) -> None:
-        """The sidecar stops: cancel every stream."""
-        for session in self._by_turn.values():
+        """The sidecar stops: cancel every stream, the parked ones too."""
+        for session in [*self._by_turn.values(), *self._idle]:
             if session is not None:
                 session.break_(RuntimeError("the sidecar stops"))
         self._by_turn.clear()
+        self._idle.clear()
 
 
 def failure_kind(error: BaseException) -> tuple[str, str]:

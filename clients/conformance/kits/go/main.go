@@ -93,6 +93,7 @@ var hooks = &kit.Hooks{
 	BeforeTurn: func(ctx context.Context, r *turnwirev1.BeforeTurnRequest) (*turnwirev1.BeforeTurnResponse, error) {
 		records.write("before_turn", map[string]any{
 			"request_id": r.GetTurn().GetRequestId(), "system": r.GetSystem(), "attempt": r.GetTurn().GetAttempt(),
+			"parent_request_id": kit.CallInfo(ctx).ParentRequestID,
 		})
 		if err := misbehave(ctx, r.GetTurn(), "before_turn"); err != nil || ctx.Err() != nil {
 			return nil, err

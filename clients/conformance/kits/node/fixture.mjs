@@ -54,8 +54,13 @@ async function misbehaved(turn, hook, signal) {
 const snake = (name) => name.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`);
 
 const hookServer = hooks({
-  async beforeTurn({ turn, system }, { signal }) {
-    journal('before_turn', { request_id: turn.requestId, system, attempt: turn.attempt });
+  async beforeTurn({ turn, system }, { signal, parentRequestId }) {
+    journal('before_turn', {
+      request_id: turn.requestId,
+      system,
+      attempt: turn.attempt,
+      parent_request_id: parentRequestId,
+    });
     if (await misbehaved(turn, 'before_turn', signal)) return undefined;
     const { system: wanted } = controlsOf(turn);
     return typeof wanted === 'string' ? { system: wanted } : undefined;

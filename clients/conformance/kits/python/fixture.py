@@ -15,7 +15,7 @@ from typing import Any
 from google.protobuf import json_format
 from pydantic import BaseModel, ConfigDict
 
-from turnwire.kit import HookServer, allow, block, run, tool_input, tool_output
+from turnwire.kit import HookServer, allow, block, call_info, run, tool_input, tool_output
 from turnwire.tools import ToolError, ToolExecution, tool
 from turnwire_client.v1 import event_pb2, hooks_pb2
 
@@ -67,6 +67,7 @@ class FixtureHooks(HookServer):
             request_id=request.turn.request_id,
             system=request.system,
             attempt=request.turn.attempt,
+            parent_request_id=call_info().parent_request_id,
         )
         controls = _controls(request.turn)
         await _misbehave(controls, "before_turn")

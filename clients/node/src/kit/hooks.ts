@@ -180,6 +180,8 @@ export function hooks(handlers: HookHandlers, options: HookOptions = {}): HookSe
         hooks: subscriptions,
         includeMessages: options.includeMessages ?? false,
         hookSession: true,
+        // Each session call's turn is taken from the call: streams may carry turns one after another.
+        reuseHookSession: true,
       });
     },
     HookSession: (stream: grpc.ServerDuplexStream<HookSessionRequest, HookSessionResponse>) =>
@@ -286,7 +288,10 @@ function answer(
     );
 }
 
-/** HookSession: a turn's calls, handled one at a time in order, each answered once done. */
+/**
+ * HookSession: a turn's calls, handled one at a time in order, each answered once done. The
+ * stream's metadata names its first turn; each call names its own (a stream the sidecar reuses).
+ */
 function session(
   handlers: HookHandlers,
   stream: grpc.ServerDuplexStream<HookSessionRequest, HookSessionResponse>,
@@ -317,7 +322,12 @@ function session(
       const message = `${name ? HOOKS[name].rpc : 'this hook call'} is not implemented by this server`;
       return { id: call.id, error: { code: grpc.status.UNIMPLEMENTED, message } } as HookAnswer;
     }
-    const context = { parentRequestId, metadata: stream.metadata, signal, traceContext: call.traceContext };
+    const context = {
+      parentRequestId: call.parentRequestId || parentRequestId,
+      metadata: stream.metadata,
+      signal,
+      traceContext: call.traceContext,
+    };
     try {
       const value = await run(handlers, name, call.hook.value, context);
       return { id: call.id, hook: { case: name, value } } as HookAnswer;

@@ -234,6 +234,7 @@ class GetHookSubscriptionsResponse(_message.Message):
     HOOKS_FIELD_NUMBER: _builtins.int
     INCLUDE_MESSAGES_FIELD_NUMBER: _builtins.int
     HOOK_SESSION_FIELD_NUMBER: _builtins.int
+    REUSE_HOOK_SESSION_FIELD_NUMBER: _builtins.int
     include_messages: _builtins.bool
     """Send the message history in BeforeTurn and BeforeStep contexts (it can be
     large; off unless asked for).
@@ -242,6 +243,13 @@ class GetHookSubscriptionsResponse(_message.Message):
     """The server implements HookSession: the sidecar sends each turn's hook
     calls on one HookSession call instead of a unary RPC each. Unset (older
     servers): one unary RPC per hook call.
+    """
+    reuse_hook_session: _builtins.bool
+    """With `hook_session`: the server takes each call's turn from
+    `HookCall.parent_request_id`, so the sidecar may keep a HookSession stream
+    open after a turn and carry later turns on it, one turn at a time (no
+    stream opened per turn). Unset: one stream per turn, its metadata naming
+    the turn.
     """
     @_builtins.property
     def hooks(self) -> _containers.RepeatedScalarFieldContainer[Global___Hook.ValueType]:
@@ -253,10 +261,11 @@ class GetHookSubscriptionsResponse(_message.Message):
         hooks: _abc.Iterable[Global___Hook.ValueType] | None = ...,
         include_messages: _builtins.bool = ...,
         hook_session: _builtins.bool = ...,
+        reuse_hook_session: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hook_session", b"hook_session", "hooks", b"hooks", "include_messages", b"include_messages"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hook_session", b"hook_session", "hooks", b"hooks", "include_messages", b"include_messages", "reuse_hook_session", b"reuse_hook_session"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1687,8 +1696,11 @@ Global___OnChatErrorResponse: _TypeAlias = OnChatErrorResponse  # noqa: Y015
 @_typing.final
 class HookSessionRequest(_message.Message):
     """HookSessionRequest is one or more hook calls on a turn's HookSession stream.
-    The stream carries one turn (its metadata: `turnwire-parent-request-id`, as
-    on the unary RPCs). The server handles the calls in order, one at a time, as
+    The stream carries one turn at a time: for a server that does not set
+    `reuse_hook_session`, one turn in all (its metadata:
+    `turnwire-parent-request-id`, as on the unary RPCs); for one that does, a
+    turn after another, each call naming its turn (`HookCall.parent_request_id`),
+    a turn's calls never interleaved with another's. The server handles the calls in order, one at a time, as
     if each were its unary RPC, and answers them in the same order, each as soon
     as it is done (a HookSessionResponse holds one answer or more). The
     sidecar waits for the answers of the deciding hooks (BeforeTurn, BeforeStep,
@@ -1745,6 +1757,7 @@ class HookCall(_message.Message):
 
     ID_FIELD_NUMBER: _builtins.int
     TRACE_CONTEXT_FIELD_NUMBER: _builtins.int
+    PARENT_REQUEST_ID_FIELD_NUMBER: _builtins.int
     BEFORE_TURN_FIELD_NUMBER: _builtins.int
     BEFORE_STEP_FIELD_NUMBER: _builtins.int
     BEFORE_TOOL_CALL_FIELD_NUMBER: _builtins.int
@@ -1755,6 +1768,12 @@ class HookCall(_message.Message):
     ON_CHAT_ERROR_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     """Numbers the hook calls of the stream, from 1; its answer carries it."""
+    parent_request_id: _builtins.str
+    """The turn's request id, what the unary RPC's `turnwire-parent-request-id`
+    metadata says (docs/semantics.md §5, nesting): set on every call, and the
+    one to use when the server sets `reuse_hook_session` (the stream's
+    metadata then names only the stream's first turn).
+    """
     @_builtins.property
     def trace_context(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """The hook call's W3C trace context (`traceparent`, `tracestate`) when the
@@ -1799,6 +1818,7 @@ class HookCall(_message.Message):
         *,
         id: _builtins.int = ...,
         trace_context: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        parent_request_id: _builtins.str = ...,
         before_turn: Global___BeforeTurnRequest | None = ...,
         before_step: Global___BeforeStepRequest | None = ...,
         before_tool_call: Global___BeforeToolCallRequest | None = ...,
@@ -1810,7 +1830,7 @@ class HookCall(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["after_tool_call", b"after_tool_call", "before_step", b"before_step", "before_tool_call", b"before_tool_call", "before_turn", b"before_turn", "classify_chat_error", b"classify_chat_error", "hook", b"hook", "on_chat_error", b"on_chat_error", "on_chat_response", b"on_chat_response", "on_step_finish", b"on_step_finish"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_tool_call", b"after_tool_call", "before_step", b"before_step", "before_tool_call", b"before_tool_call", "before_turn", b"before_turn", "classify_chat_error", b"classify_chat_error", "hook", b"hook", "id", b"id", "on_chat_error", b"on_chat_error", "on_chat_response", b"on_chat_response", "on_step_finish", b"on_step_finish", "trace_context", b"trace_context"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_tool_call", b"after_tool_call", "before_step", b"before_step", "before_tool_call", b"before_tool_call", "before_turn", b"before_turn", "classify_chat_error", b"classify_chat_error", "hook", b"hook", "id", b"id", "on_chat_error", b"on_chat_error", "on_chat_response", b"on_chat_response", "on_step_finish", b"on_step_finish", "parent_request_id", b"parent_request_id", "trace_context", b"trace_context"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_hook: _TypeAlias = _typing.Literal["before_turn", "before_step", "before_tool_call", "after_tool_call", "on_step_finish", "on_chat_response", "classify_chat_error", "on_chat_error"]  # noqa: Y015
     _WhichOneofArgType_hook: _TypeAlias = _typing.Literal["hook", b"hook"]  # noqa: Y015
