@@ -86,9 +86,11 @@ async def timed_run(harness: Harness) -> tuple[event_pb2.TurnEnd, float]:
 async def test_a_hung_server_holds_the_turns_end_one_deadline_chunks_close_included(
     timed_engine: Timed, hook_session: bool
 ) -> None:
-    # on_chat_response first closes the turn's OnChunks call, then calls OnChatResponse: both
-    # waited for before TurnEnd (§2 finish, §4), both within one deadline. The server never
-    # answers OnChunks, so OnChatResponse has no time left: it fails at once, never sent.
+    # The turn's OnChunks call is ended at its last step's on_step_finish (its deadline runs from
+    # then); on_chat_response waits for its close, then calls OnChatResponse: both waited for
+    # before TurnEnd (§2 finish, §4), both within one deadline of on_chat_response's start. The
+    # server never answers OnChunks, so OnChatResponse gets only what the step's end to
+    # on_chat_response left of it (a few ms: sent, or failed at once) and fails by then.
     server = RecordingHookServer(
         [hooks_pb2.HOOK_ON_CHUNKS, hooks_pb2.HOOK_ON_CHAT_RESPONSE], hook_session=hook_session
     )
@@ -101,7 +103,7 @@ async def test_a_hung_server_holds_the_turns_end_one_deadline_chunks_close_inclu
         assert elapsed < DEADLINE + MARGIN, f"the turn took {elapsed:.2f} s"
         [on_chat_response] = durations(end, "on_chat_response")
         assert DEADLINE * 0.9 <= on_chat_response < DEADLINE + MARGIN
-        assert server.count("OnChunks:end") == 1 and server.count("OnChatResponse") == 0
+        assert server.count("OnChunks:end") == 1 and server.count("OnChatResponse") <= 1
     for hook in ("on_chunk", "on_chat_response"):
         kind = metric(
             "turnwire_remote_hook_errors_total", server=address, hook=hook, kind="deadline_exceeded"

@@ -186,7 +186,10 @@ class StepFinishContext:
     configured (docs/cost.md, "Budgets in hooks"). ``model`` is the model that ran the step, as
     the configured id ``provider:model``: a fallback when the step fell back or its model's circuit
     breaker was open (docs/providers.md, "Fallback across providers"); ``response_model`` is the
-    provider's own name for it.
+    provider's own name for it. ``last_step`` is True when the turn's steps end with this one (no
+    tool result to answer, a call waiting for the client, a ``stop_when`` condition or
+    ``max_steps``: docs/semantics.md §3), so nothing more streams from the model in this attempt;
+    the turn's final write follows.
     """
 
     step_number: int
@@ -209,6 +212,7 @@ class StepFinishContext:
     cost: Cost | None = None
     budgets: Sequence[BudgetState] = ()
     model: str = ""
+    last_step: bool = False
 
 
 @dataclass(frozen=True, slots=True)

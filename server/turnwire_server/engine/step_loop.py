@@ -392,20 +392,24 @@ class StepLoop(StepStream):
             await runner.repair_invalid(finish.finish_reason)
             had_tool_results = await runner.run_pending(step_number)
             result = self._step_result(step_number, finish, cost)
+            # A step the provider paused (finish.paused) goes on as a step with results does; a
+            # call waiting for the client ends the turn after its step (§6). Decided before
+            # on_step_finish, which is told (StepFinishContext.last_step).
+            stop = (
+                not (had_tool_results or finish.paused)
+                or runner.waiting
+                or _should_stop(config, result, step_number + 1)
+            )
+            if stop or step_number + 1 >= max_steps:
+                result = dataclasses.replace(result, last_step=True)
             turn.steps.append(result)
             self._step_finish_event(result, finish)
             await turn.hooks.on_step_finish(result)
             timeline.end(step_span, finish.finish_reason)
             timeline.step = None
             turn.continue_reply = False
-            # A step the provider paused (finish.paused) goes on as a step with results does.
-            if (
-                not (had_tool_results or finish.paused)
-                or runner.waiting
-                or _should_stop(config, result, step_number + 1)
-            ):
-                # A call waiting for the client ends the turn after its step (§6). The final
-                # write follows at once: no checkpoint of the last step.
+            if stop:
+                # The final write follows at once: no checkpoint of the last step.
                 break
             if (self.budgets is None or not self.budgets.writes) and not runner.start_stored:
                 # A step whose calls were stored as started had its checkpoint then (§8, "Tool

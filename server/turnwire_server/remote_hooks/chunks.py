@@ -118,8 +118,9 @@ class ChunkStream:
 
     ``open_call`` opens the call (with its metadata); ``info`` goes in the first request;
     ``on_result(error)`` gets the call's end (None: the server answered) so the caller can
-    count it and feed its breaker. :meth:`add` never blocks; :meth:`close` flushes, ends the
-    call and waits for the answer at most ``deadline_seconds``, robust to a cancel.
+    count it and feed its breaker. :meth:`add` never blocks; :meth:`end` has the sender flush
+    and end the call, its answer awaited at most ``deadline_seconds`` from then; :meth:`close`
+    ends it and waits for that, robust to a cancel.
     """
 
     def __init__(
@@ -161,7 +162,7 @@ class ChunkStream:
         self._put(event)
 
     def _put(self, event: event_pb2.TurnEvent) -> None:
-        if self._failed:
+        if self._failed or self._expiry is not None:  # failed, or ended: nothing more is sent
             metrics.CHUNK_EVENTS.labels(self._server, "dropped").inc()
             return
         try:
@@ -172,18 +173,21 @@ class ChunkStream:
         if self._queue.qsize() >= self._max_events:
             self._full.set()
 
-    def close(self) -> Coroutine[Any, Any, None]:
-        """End the stream now, and return the wait for its end: the sender sends what is
-        buffered, ends the call and waits for its answer, cancelled (the call with it, its end
-        reported as a timeout) ``deadline_seconds`` from now. The end is queued when this is
-        called, not when the wait starts, so a task running the wait that is cancelled before
-        it starts leaves nothing open. Cancelling the wait once it runs cancels the sender.
-        Idempotent."""
+    def end(self) -> None:
+        """End the stream now, without waiting: the sender sends what is buffered, ends the call
+        and waits for its answer, cancelled (the call with it, its end reported as a timeout)
+        ``deadline_seconds`` from now; events added later are dropped (counted). Idempotent."""
         if self._expiry is None and not self._task.done():
             with contextlib.suppress(asyncio.QueueFull):
                 self._queue.put_nowait(_END)
             self._full.set()
             self._expiry = asyncio.get_running_loop().call_later(self._deadline, self._task.cancel)
+
+    def close(self) -> Coroutine[Any, Any, None]:
+        """:meth:`end`, and return the wait for the call's end. The end is queued when this is
+        called, not when the wait starts, so a task running the wait that is cancelled before
+        it starts leaves nothing open. Cancelling the wait once it runs cancels the sender."""
+        self.end()
         return self._sent()
 
     async def _sent(self) -> None:

@@ -45,7 +45,8 @@ CHUNK_BATCHES = Counter(
 
 CHUNK_EVENTS = Counter(
     "turnwire_remote_hook_chunk_events",
-    "Chunk events for OnChunks by result: sent, or dropped (buffer full, breaker open, call failed).",
+    "Chunk events for OnChunks by result: sent, or dropped (buffer full, breaker open, call failed,"
+    " or after the turn's last step ended the call).",
     ["server", "result"],
 )
 

@@ -200,6 +200,8 @@ class RemoteMiddleware(HookCalls, Middleware):
         configured = self.settings.include_messages
         self.include_messages = include_messages if configured is None else configured
         bookkeeping = {"before_turn", "on_chat_response"} if hooks - {"before_turn"} else set()
+        if "on_chunk" in hooks:
+            bookkeeping.add("on_step_finish")  # ends the turn's OnChunks call after its last step
         self._implemented = frozenset({"configure_session", *hooks, *bookkeeping})
         log.info(
             "hook server %s: calling %s%s",
@@ -443,7 +445,13 @@ class RemoteMiddleware(HookCalls, Middleware):
             await self._observe("after_tool_call", "AfterToolCall", request, ctx.request_id, post=True)
 
     async def on_step_finish(self, ctx: StepFinishContext) -> None:
-        """``OnStepFinish``."""
+        """``OnStepFinish``; after the turn's last step, the end of its ``OnChunks`` call is sent
+        at once (nothing more streams), so its close overlaps the turn's final write instead of
+        adding to ``on_chat_response``'s wait."""
+        if ctx.last_step and self._streams:
+            stream = self._streams.get(ctx.request_id)
+            if stream is not None:
+                stream.end()
         if "on_step_finish" in self.subscribed:
             info = self._info(ctx.conversation_id, ctx.request_id)
             request = convert.step_finish_request(ctx, info)
