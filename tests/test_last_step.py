@@ -14,9 +14,19 @@ from support.engine_harness import EngineFactory, echo, end_of, make_tool, text_
 from support.hook_server import RecordingHookServer, serving
 from support.waiting import wait_until
 
-from turnwire.hooks import Middleware, SessionContext, StepFinishContext, StopWhen, TurnConfig, TurnContext
+from turnwire.hooks import (
+    ChatResponseContext,
+    ChunkContext,
+    Middleware,
+    SessionContext,
+    StepFinishContext,
+    StopWhen,
+    TurnConfig,
+    TurnContext,
+)
 from turnwire.testing import ScriptedToolCall, ScriptStep
-from turnwire_client.v1 import event_pb2, hooks_pb2
+from turnwire.types import FinishReason, TextDelta, Usage
+from turnwire_client.v1 import event_pb2, hooks_pb2, message_pb2
 from turnwire_server.remote_hooks import RemoteMiddleware
 from turnwire_server.remote_hooks.chunks import ChunkStream
 from turnwire_server.remote_hooks.settings import RemoteHookSettings
@@ -166,3 +176,43 @@ async def test_an_event_after_the_chunk_calls_end_is_dropped_and_counted() -> No
         "turnwire_remote_hook_chunk_events_total", {"server": "late-test", "result": "dropped"}
     )
     assert dropped == 1
+
+
+async def test_chunks_after_the_last_steps_end_go_on_a_new_call() -> None:
+    # An attempt recovered after its last step's on_step_finish (a stall there, §5) streams
+    # again: its chunks go on a new OnChunks call instead of the ended one.
+    server = RecordingHookServer([hooks_pb2.HOOK_ON_CHUNKS, hooks_pb2.HOOK_ON_CHAT_RESPONSE])
+    async with serving(server) as address:
+        remote = RemoteMiddleware(RemoteHookSettings(address=address))
+        try:
+            await remote.configure_session(SessionContext(default_model=MODEL, system="sys", tools={}))
+
+            def chunk(text: str) -> ChunkContext:
+                return ChunkContext("c-late", "r-late", 0, TextDelta(id="t", delta=text))
+
+            await remote.on_chunk(chunk("first attempt"))
+            last = StepFinishContext(
+                step_number=0, text="first attempt", reasoning=(), reasoning_text="", tool_calls=(),
+                tool_results=(), finish_reason=FinishReason.STOP, raw_finish_reason="end_turn", usage=Usage(),
+                conversation_id="c-late", request_id="r-late", last_step=True,
+            )  # fmt: skip
+            await remote.on_step_finish(last)
+            await wait_until(lambda: server.count("OnChunks:end") == 1, what="the first call ended")
+            await remote.on_chunk(chunk("recovered attempt"))
+            await remote.on_chat_response(
+                ChatResponseContext(
+                    conversation_id="c-late",
+                    request_id="r-late",
+                    message=message_pb2.Message(),
+                    continuation=False,
+                    status="completed",
+                )
+            )
+        finally:
+            await remote.aclose()
+    calls = [c for c in server.calls if c.rpc == "OnChunks"]
+    deltas = [
+        [e.text_delta.delta for r in c.request for e in r.events if e.HasField("text_delta")] for c in calls
+    ]
+    assert deltas == [["first attempt"], ["recovered attempt"]]
+    assert server.count("OnChunks:end") == 2 and server.rpcs()[-1] == "OnChatResponse"

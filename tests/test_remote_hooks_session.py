@@ -7,7 +7,7 @@ middleware), plus what only the stream does.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import grpc
@@ -167,6 +167,82 @@ async def test_concurrent_turns_get_streams_of_their_own_and_the_idle_ones_are_b
             assert [rpc for rpc, turn in by_stream_order if turn == f"r-many-{n}"] == TURN_RPCS
         end_of(await harness.run("check", request_id="r-many-next"))
     assert server.sessions == 4  # the next turn took a kept stream
+
+
+async def test_kept_streams_end_when_unused_and_are_not_kept_past_their_age(
+    remote_engine: RemoteEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = RecordingHookServer(reuse_hook_session=True)
+    async with serving(server) as address:
+        harness, _ = await remote_engine(address)
+        monkeypatch.setattr(session_module, "MAX_IDLE_SECONDS", 0.2)
+        end_of(await harness.run("check", request_id="r-idle"))
+        await wait_until(lambda: server.sessions_ended == 1, what="the unused kept stream half-closed")
+        monkeypatch.setattr(session_module, "MAX_IDLE_SECONDS", 30.0)
+        monkeypatch.setattr(session_module, "MAX_STREAM_SECONDS", 0.0)  # every stream too old to keep
+        for n in range(2):
+            end_of(await harness.run("check", request_id=f"r-old-{n}"))
+        await wait_until(lambda: server.sessions_ended == 3, what="each turn's stream half-closed")
+    assert server.sessions == 3
+
+
+class _StopsAfterItsFirstTurn(RecordingHookServer):
+    """A server whose HookSession stream fails (as when the server stops) at the first call of a
+    later turn than the stream's first, before answering it."""
+
+    async def HookSession(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
+        first = ""
+
+        async def until_another_turn() -> AsyncIterator[Any]:
+            nonlocal first
+            async for request in request_iterator:
+                for call in request.calls:
+                    first = first or call.parent_request_id
+                    if call.parent_request_id != first:
+                        await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is stopping")
+                yield request
+
+        async for response in super().HookSession(until_another_turn(), context):
+            yield response
+
+
+async def test_a_kept_stream_failing_before_the_new_turns_first_answer_sends_its_calls_as_unary_rpcs(
+    remote_engine: RemoteEngine,
+) -> None:
+    server = _StopsAfterItsFirstTurn(reuse_hook_session=True)
+    async with serving(server) as address:
+        harness, _ = await remote_engine(address, failure_mode="closed")
+        assert end_of(await harness.run("check", request_id="r-1")).status == event_pb2.TURN_STATUS_COMPLETED
+        end = end_of(await harness.run("check", request_id="r-2"))
+        assert end.status == event_pb2.TURN_STATUS_COMPLETED  # not failed closed
+        third = end_of(await harness.run("check", request_id="r-3"))
+        assert third.status == event_pb2.TURN_STATUS_COMPLETED
+    second = [
+        (c.rpc, c.stream)
+        for c in server.calls
+        if c.metadata.get(PARENT) == "r-2" and c.rpc not in ("OnChunks", "OnChunks:end")
+    ]
+    assert second == [(rpc, False) for rpc in TURN_RPCS]  # every call of r-2 a unary RPC, once
+    assert server.sessions == 2  # r-3 opened a new stream
+    errors = sum(
+        metric("turnwire_remote_hook_errors_total", server=address, hook=hook, kind="unavailable")
+        for hook in ("before_turn", "before_step")
+    )
+    assert errors == 0
+
+
+async def test_a_server_that_stops_offering_reuse_gets_its_kept_streams_ended(
+    remote_engine: RemoteEngine,
+) -> None:
+    server = RecordingHookServer(reuse_hook_session=True)
+    async with serving(server) as address:
+        harness, middleware = await remote_engine(address)
+        end_of(await harness.run("check", request_id="r-kept"))
+        server.reuse_hook_session = False
+        await middleware._resubscribe()  # as after the breaker closed again
+        end_of(await harness.run("check", request_id="r-new"))
+        await wait_until(lambda: server.sessions_ended == 2, what="the kept stream and the new one ended")
+    assert server.sessions == 2
 
 
 async def test_a_server_without_hook_session_gets_a_unary_rpc_per_call(remote_engine: RemoteEngine) -> None:

@@ -188,8 +188,9 @@ class StepFinishContext:
     breaker was open (docs/providers.md, "Fallback across providers"); ``response_model`` is the
     provider's own name for it. ``last_step`` is True when the turn's steps end with this one (no
     tool result to answer, a call waiting for the client, a ``stop_when`` condition or
-    ``max_steps``: docs/semantics.md §3), so nothing more streams from the model in this attempt;
-    the turn's final write follows.
+    ``max_steps``: docs/semantics.md §2), so nothing more streams from the model in this attempt
+    and the turn's final write follows (unless the attempt is then recovered, §5: a later
+    attempt's steps are told again; the kept steps keep the flag they had).
     """
 
     step_number: int

@@ -150,7 +150,7 @@ class HookCalls:
             raise
         except SessionBroken as broken:
             self._sessions.unary(request_id)
-            if broken.call_id is not None and broken.call_id < call_id:
+            if _resendable(broken, call_id):
                 raise ResendUnary from None  # timed by the unary RPC: one duration per call
             self._observe_duration(hook, started)
             raise self._session_failed(hook, rpc, request_id, broken) from None
@@ -189,7 +189,7 @@ class HookCalls:
         elif (error := future.exception()) is None:
             self._observe_duration(hook, started)
             self.breaker.succeeded()
-        elif isinstance(error, SessionBroken) and error.call_id is not None and error.call_id < call_id:
+        elif isinstance(error, SessionBroken) and _resendable(error, call_id):
             self._sessions.unary(request_id)
             resend = self._resend_posted(hook, rpc, request, request_id, started=started, deadline=deadline)
             task = asyncio.get_running_loop().create_task(resend)
@@ -231,6 +231,13 @@ class HookCalls:
         kind, text = failure_kind(error)
         metrics.ERRORS.labels(self.server, hook, kind).inc()
         return HookCallFailed(kind, f"{rpc} (HookSession) failed: {text}")
+
+
+def _resendable(broken: SessionBroken, call_id: int) -> bool:
+    """Whether call ``call_id``, failed with ``broken``, is made again as a unary RPC: the server
+    did not take it (it was queued behind the call whose deadline passed), or the stream was one
+    kept from an earlier turn that failed before any answer of this turn (docs/semantics.md §4)."""
+    return (broken.call_id is not None and broken.call_id < call_id) or broken.stale
 
 
 def read_nothing(response: Any) -> None:

@@ -173,6 +173,11 @@ class ChunkStream:
         if self._queue.qsize() >= self._max_events:
             self._full.set()
 
+    @property
+    def ended(self) -> bool:
+        """:meth:`end` was called: the call takes no more events."""
+        return self._expiry is not None
+
     def end(self) -> None:
         """End the stream now, without waiting: the sender sends what is buffered, ends the call
         and waits for its answer, cancelled (the call with it, its end reported as a timeout)

@@ -465,6 +465,11 @@ class RemoteMiddleware(HookCalls, Middleware):
         request_id = ctx.request_id
         if request_id in self._streams:
             stream = self._streams[request_id]
+            if stream is not None and stream.ended:
+                # Ended at the turn's last step, yet the turn streams again (an attempt recovered
+                # after it, §5 stall recovery): the rest goes on a new call.
+                self._close_in_background(stream)
+                stream = self._open_chunks(ctx.conversation_id, request_id)
         else:
             stream = self._open_chunks(ctx.conversation_id, request_id)
         if stream is None:
@@ -497,10 +502,13 @@ class RemoteMiddleware(HookCalls, Middleware):
         while len(self._streams) > MAX_OPEN_CHUNK_CALLS:
             _, oldest = self._streams.popitem(last=False)
             if oldest is not None:
-                task = asyncio.get_running_loop().create_task(oldest.close())
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
+                self._close_in_background(oldest)
         return stream
+
+    def _close_in_background(self, stream: ChunkStream) -> None:
+        task = asyncio.get_running_loop().create_task(stream.close())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _chunks_ended(self, error: BaseException | None) -> None:
         if error is None:

@@ -43,12 +43,15 @@ field number (protos/turnwire/v1/hooks.proto)."""
 class SessionBroken(Exception):
     """The stream cannot carry the call: it ended, failed, or a call's deadline passed.
     ``error`` is the cause (an ``AioRpcError``, ``TimeoutError`` or another exception);
-    ``call_id`` the call whose deadline passed (None: the stream itself failed)."""
+    ``call_id`` the call whose deadline passed (None: the stream itself failed). ``stale``: the
+    stream, kept from an earlier turn, failed before the server answered any call of this turn
+    on it (a server that stopped or restarted meanwhile): its calls are made again as unary RPCs."""
 
-    def __init__(self, error: BaseException, call_id: int | None = None) -> None:
+    def __init__(self, error: BaseException, call_id: int | None = None, *, stale: bool = False) -> None:
         super().__init__(str(error))
         self.error = error
         self.call_id = call_id
+        self.stale = stale
 
 
 class CallFailed(Exception):
@@ -119,6 +122,10 @@ class HookSession:
         self.request_id = request_id
         """The turn whose calls the stream carries now (each call names it: ``parent_request_id``)."""
         self._loop = asyncio.get_running_loop()
+        self.opened = self._loop.time()
+        self.reused = False  # carries a turn after the one it was opened for
+        self.answered = 0  # answers to this turn's calls
+        self.in_step = True  # False once an answer named another hook than its call's
         self._next_id = 0
         self._pending: dict[int, tuple[str, asyncio.Future[Any]]] = {}
         self._buffer: list[bytes] = []  # encoded calls not handed to the writer yet
@@ -206,7 +213,8 @@ class HookSession:
         """Fail every pending call with :class:`SessionBroken` (``error``, ``call_id``: the call
         whose deadline passed) and cancel the call."""
         if self.broken is None:
-            self.broken = SessionBroken(error, call_id)
+            stale = call_id is None and self.reused and self.answered == 0
+            self.broken = SessionBroken(error, call_id, stale=stale)
         if self._flush_timer is not None:
             self._flush_timer.cancel()
             self._flush_timer = None
@@ -236,7 +244,7 @@ class HookSession:
             except asyncio.CancelledError:
                 self.break_(RuntimeError("the turn was cancelled while its stream closed"))
                 raise
-        return self.broken is None and not self._pending
+        return self.broken is None and not self._pending and self.in_step
 
     async def close(self, seconds: float, *, wait_seconds: float | None = None) -> None:
         """:meth:`finish_turn` (waiting at most ``wait_seconds``, default ``seconds``), then
@@ -271,6 +279,7 @@ class HookSession:
         if entry is None or entry[1].done():
             return  # a call already failed or cancelled
         rpc, future = entry
+        self.answered += 1
         if response.HasField("error"):
             code = _CODES.get(response.error.code, grpc.StatusCode.UNKNOWN)
             future.set_exception(CallFailed(code, response.error.message))
@@ -278,6 +287,7 @@ class HookSession:
         field, _ = FIELDS[rpc]
         answered = response.WhichOneof("hook")
         if answered != field:
+            self.in_step = False  # the server is out of step with the stream: never reused
             future.set_exception(ValueError(f"the answer to {rpc} is {answered or 'empty'}"))
             return
         future.set_result(getattr(response, field))
@@ -323,6 +333,13 @@ MAX_IDLE_SESSIONS = 16
 """Streams kept open between turns per server that reuses them (``reuse_hook_session``); past
 it the longest idle is half-closed. The most a burst of concurrent turns leaves open."""
 
+MAX_IDLE_SECONDS = 30.0
+"""A kept stream no turn took for this long is half-closed (a quiet sidecar holds none open)."""
+
+MAX_STREAM_SECONDS = 60.0
+"""A stream opened this long ago is not kept after its turn: a later turn opens a new one, which
+a balancing proxy or a restarted server's new connection may route elsewhere."""
+
 
 class TurnSessions:
     """The ``HookSession`` of each running turn of one server, by request id (None: the turn's
@@ -338,7 +355,9 @@ class TurnSessions:
         self._deadline = deadline_seconds
         self._background = background
         self._by_turn: OrderedDict[str, HookSession | None] = OrderedDict()
-        self._idle: list[HookSession] = []  # the most recently parked last
+        # Kept streams, the most recently kept last, each with the timer that ends it when idle.
+        self._idle: OrderedDict[HookSession, asyncio.TimerHandle] = OrderedDict()
+        self._stopped = False
         self.reuse = False
 
     def get(
@@ -364,14 +383,46 @@ class TurnSessions:
         return session
 
     def _take_idle(self, request_id: str) -> HookSession | None:
-        """A parked stream for ``request_id``'s turn (the most recently parked: its connection's
-        state is the warmest), skipping those the server ended meanwhile."""
+        """A kept stream for ``request_id``'s turn (the most recently kept: its connection's state
+        is the warmest), skipping those the server ended meanwhile; None (and every kept stream
+        ended) when the server no longer offers reuse."""
+        if not self.reuse:
+            self._end_idle()
+            return None
         while self._idle:
-            session = self._idle.pop()
+            session, timer = self._idle.popitem()
+            timer.cancel()
             if session.broken is None:
                 session.request_id = request_id
+                session.reused = True
+                session.answered = 0
                 return session
         return None
+
+    def _keep(self, session: HookSession) -> None:
+        """Keep ``session`` for a later turn (or end it: reuse off, too old, the sidecar
+        stopping), within :data:`MAX_IDLE_SESSIONS` and :data:`MAX_IDLE_SECONDS`."""
+        loop = asyncio.get_running_loop()
+        if not self.reuse or self._stopped or loop.time() - session.opened > MAX_STREAM_SECONDS:
+            session.end(self._deadline)
+            return
+        for dead in [s for s in self._idle if s.broken is not None]:
+            self._idle.pop(dead).cancel()
+        self._idle[session] = loop.call_later(MAX_IDLE_SECONDS, self._expire, session)
+        while len(self._idle) > MAX_IDLE_SESSIONS:
+            oldest, timer = self._idle.popitem(last=False)
+            timer.cancel()
+            oldest.end(self._deadline)
+
+    def _expire(self, session: HookSession) -> None:
+        if self._idle.pop(session, None) is not None:
+            session.end(self._deadline)
+
+    def _end_idle(self) -> None:
+        while self._idle:
+            session, timer = self._idle.popitem()
+            timer.cancel()
+            session.end(self._deadline)
 
     def unary(self, request_id: str) -> None:
         """The turn's stream broke: its later calls are unary RPCs."""
@@ -386,15 +437,16 @@ class TurnSessions:
             if session is None:
                 return
             wait = self._deadline if wait_seconds is None else wait_seconds
-            if await session.finish_turn(wait) and self.reuse:
-                self._idle.append(session)
-                while len(self._idle) > MAX_IDLE_SESSIONS:
-                    self._idle.pop(0).end(self._deadline)
+            if await session.finish_turn(wait):
+                self._keep(session)
             else:
                 session.end(self._deadline)
 
     def break_all(self) -> None:
-        """The sidecar stops: cancel every stream, the parked ones too."""
+        """The sidecar stops: cancel every stream, the kept ones too (and keep none after)."""
+        self._stopped = True
+        for timer in self._idle.values():
+            timer.cancel()
         for session in [*self._by_turn.values(), *self._idle]:
             if session is not None:
                 session.break_(RuntimeError("the sidecar stops"))

@@ -36,6 +36,7 @@ import {
   type TurnInfo,
   TurnInfoSchema,
 } from '../gen/turnwire/v1/hooks_pb.js';
+import { PARENT_REQUEST_ID } from '../calls.js';
 import { callSignal, hookFailure, parentRequestIdOf, TURN_HOOKS_SERVICE } from './grpc.js';
 import { type KitJson, type KitJsonObject, parseKitJson, stringifyKitJson } from './json.js';
 
@@ -63,7 +64,10 @@ export type OnChatErrorCall = OnChatErrorRequest & { failure: Failure };
 export interface HookContext {
   /** The request id of the turn the call belongs to (metadata `turnwire-parent-request-id`). */
   parentRequestId: string;
-  /** The call's metadata (on HookSession: the stream's). */
+  /**
+   * The call's metadata (on HookSession: the stream's, with the call's own
+   * `turnwire-parent-request-id` when the stream carries a later turn).
+   */
   metadata: grpc.Metadata;
   /** Aborts when the sidecar gives the call up: its deadline passed, or it cancelled the call. */
   signal: AbortSignal;
@@ -316,6 +320,14 @@ function session(
   );
   stream.on('error', () => {}); // the sidecar gave the stream up (a deadline, a cancel): signal aborts
 
+  /** The stream's metadata, naming the call's turn when it is another than the stream's first. */
+  function metadataOf(call: HookCall): grpc.Metadata {
+    if (!call.parentRequestId || call.parentRequestId === parentRequestId) return stream.metadata;
+    const metadata = stream.metadata.clone();
+    metadata.set(PARENT_REQUEST_ID, call.parentRequestId);
+    return metadata;
+  }
+
   async function answerOf(call: HookCall): Promise<HookAnswer> {
     const name = call.hook.case as UnaryName | undefined;
     if (name === undefined || !handlers[name]) {
@@ -324,7 +336,7 @@ function session(
     }
     const context = {
       parentRequestId: call.parentRequestId || parentRequestId,
-      metadata: stream.metadata,
+      metadata: metadataOf(call),
       signal,
       traceContext: call.traceContext,
     };
