@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
+from pydantic import BaseModel
 from support.engine_harness import EngineFactory, echo, end_of, make_tool, text_of
 from support.hook_server import RecordingHookServer, serving
 from support.waiting import wait_until
@@ -25,6 +26,7 @@ from turnwire.hooks import (
     TurnContext,
 )
 from turnwire.testing import ScriptedToolCall, ScriptStep
+from turnwire.tools import ToolExecution, tool
 from turnwire.types import FinishReason, TextDelta, Usage
 from turnwire_client.v1 import event_pb2, hooks_pb2, message_pb2
 from turnwire_server.remote_hooks import RemoteMiddleware
@@ -216,3 +218,30 @@ async def test_chunks_after_the_last_steps_end_go_on_a_new_call() -> None:
     ]
     assert deltas == [["first attempt"], ["recovered attempt"]]
     assert server.count("OnChunks:end") == 2 and server.rpcs()[-1] == "OnChatResponse"
+
+
+class _Pay(BaseModel):
+    amount: int
+
+
+@tool(_Pay, needs_approval=lambda input: input["amount"] > 100)
+async def _pay(input: _Pay, execution: ToolExecution) -> dict[str, Any]:
+    """Pay."""
+    return {"paid": input.amount}
+
+
+async def test_a_step_whose_call_waits_for_approval_is_the_last_though_another_call_ran(
+    make_engine: EngineFactory,
+) -> None:
+    step = ScriptStep(
+        tool_calls=[
+            ScriptedToolCall(name="_pay", input={"amount": 5}),
+            ScriptedToolCall(name="_pay", input={"amount": 500}),
+        ]
+    )
+    recorder = _LastSteps()
+    harness = await make_engine(
+        scripts={"main": [step, ScriptStep(text="unreachable")]}, tools=[_pay], middlewares=[recorder]
+    )
+    end_of(await harness.run("pay"))
+    assert recorder.steps == [(0, True)]  # a result to answer, but a call waits for the client

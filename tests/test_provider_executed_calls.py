@@ -114,6 +114,7 @@ async def test_a_result_in_a_later_step_is_that_steps_result(make_engine: Engine
 
     assert len(provider.requests) == 2
     first, second = recorder.steps
+    assert not first.last_step and second.last_step  # a paused step is continued, not the last
     assert [c.tool_call_id for c in first.tool_calls] == [SEARCH] and not first.tool_results
     assert not second.tool_calls and [c.tool_call_id for c in second.tool_results] == [SEARCH]
     calls = [p.tool_call for p in end_of(events).message.parts if p.WhichOneof("kind") == "tool_call"]
