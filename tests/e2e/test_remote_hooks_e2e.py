@@ -165,17 +165,19 @@ class HookServerProcess(PortProcess):
         self.record = workdir / "none.jsonl"
         self.generation = 0
 
-    async def start(self, *, sleep: str = "") -> None:
-        """Start the process (``sleep``: RPCs that never answer) and wait until it listens."""
-        self._spawn(sleep)
+    async def start(self, *, sleep: str = "", reuse: bool = False) -> None:
+        """Start the process (``sleep``: RPCs that never answer; ``reuse``: offer HookSession and
+        its reuse across turns) and wait until it listens."""
+        self._spawn(sleep, reuse)
         await wait_until(self.listening, timeout=20, what="the hook server process listening")
 
-    def _spawn(self, sleep: str) -> None:
+    def _spawn(self, sleep: str, reuse: bool = False) -> None:
         self.generation += 1
         self.record = self.workdir / f"calls-{self.generation}.jsonl"
         hooks = "HOOK_BEFORE_TURN,HOOK_BEFORE_TOOL_CALL"
         command = [sys.executable, "-m", "support.hook_server", "--port", str(self.port)]
         command += ["--record", str(self.record), "--hooks", hooks, "--sleep", sleep]
+        command += ["--reuse-hook-session"] if reuse else []
         with (self.workdir / f"hook-server-{self.generation}.log").open("wb") as log:
             self.process = subprocess.Popen(
                 command, cwd=TESTS_DIR, env={**os.environ, **pythonpath_env()}, stdout=log, stderr=log
@@ -245,3 +247,51 @@ async def test_a_hook_server_killed_mid_call_fails_closed_then_the_breaker_close
     await wait_until(answered, timeout=20, interval=0.1, what="a turn whose hooks the new server answered")
     assert middleware.breaker.state == "closed"  # type: ignore[comparison-overlap]  # mypy keeps the earlier assert's narrowing
     assert "BeforeToolCall" in hook_process.rpcs()
+
+
+async def test_a_kept_hook_stream_whose_server_restarted_gives_way_to_a_new_one(
+    make_engine: EngineFactory, hook_process: HookServerProcess
+) -> None:
+    # The sidecar keeps a turn's HookSession stream for the next turn (reuse_hook_session). The
+    # server process is killed between turns and started again on its port: the kept stream died
+    # with it, and once the sidecar reconnects every turn's hooks are answered by the new process,
+    # none failed (BeforeTurn fails closed: a call lost on the dead stream would fail its turn).
+    await hook_process.start(reuse=True)
+    middleware = RemoteMiddleware(
+        RemoteHookSettings(
+            address=f"127.0.0.1:{hook_process.port}",
+            failure_mode={"before_turn": "closed"},
+            breaker={"failure_threshold": 1000, "open_seconds": 0.2},
+        )
+    )
+    harness = await make_engine(
+        scripts={
+            "main": [
+                ScriptStep(tool_calls=[ScriptedToolCall(name="echo", input={"x": 1})]),
+                ScriptStep(text="Done."),
+            ]
+        },
+        tools=[make_tool("echo", echo)],
+        middlewares=[middleware],
+    )
+    try:
+        await harness.chain.configure_session(SessionContext(default_model=MODEL, system="sys", tools={}))
+        first = end_of(await harness.run("one", request_id="r-before"))
+        assert first.status == event_pb2.TURN_STATUS_COMPLETED
+        assert hook_process.rpcs() == ["GetHookSubscriptions", "BeforeTurn", "BeforeToolCall"]
+        hook_process.kill()
+        await hook_process.start(reuse=True)
+
+        async def completed() -> bool:
+            return end_of(await harness.run("probe")).status == event_pb2.TURN_STATUS_COMPLETED
+
+        await wait_until(completed, timeout=20, interval=0.1, what="a turn the restarted server answered")
+        for n in range(3):
+            end = end_of(await harness.run("after", request_id=f"r-after-{n}"))
+            assert end.status == event_pb2.TURN_STATUS_COMPLETED
+        answered = [
+            line["request_id"] for line in recorded(hook_process.record) if line["rpc"] == "BeforeTurn"
+        ]
+        assert answered[-3:] == [f"r-after-{n}" for n in range(3)]
+    finally:
+        await middleware.aclose()

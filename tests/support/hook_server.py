@@ -316,9 +316,17 @@ async def _main() -> None:
     parser.add_argument("--hooks", default="", help="comma-separated Hook names (default: all)")
     parser.add_argument("--sleep", default="", help="comma-separated RPCs that never answer")
     parser.add_argument("--hook-session", action="store_true", help="offer the HookSession stream")
+    parser.add_argument(
+        "--reuse-hook-session", action="store_true", help="offer the stream and its reuse across turns"
+    )
     args = parser.parse_args()
     hooks = [hooks_pb2.Hook.Value(name) for name in args.hooks.split(",") if name] or ALL_HOOKS
-    server = RecordingHookServer(hooks, record=args.record, hook_session=args.hook_session)
+    server = RecordingHookServer(
+        hooks,
+        record=args.record,
+        hook_session=args.hook_session or args.reuse_hook_session,
+        reuse_hook_session=args.reuse_hook_session,
+    )
     for rpc in filter(None, args.sleep.split(",")):
         server.answers[rpc] = sleep_forever
     stop = asyncio.Event()
