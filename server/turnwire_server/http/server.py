@@ -34,7 +34,7 @@ from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from turnwire_server.api.tls_settings import ServerTlsSettings
 from turnwire_server.http.doors import (
@@ -75,6 +75,13 @@ _HEAD_TOO_LARGE = (
     b"the request line and headers are larger than the sidecar takes (%d bytes)\n" % MAX_HEAD_BYTES
 )
 
+LINGER_SECONDS = 2.0
+"""After an answer that closes the connection while the caller may still be sending (a head past
+the bound, a request that does not parse), the answer's end is sent (FIN) and what the caller
+still sends is read and dropped for at most this long before the socket closes. Closed at once
+with input unread, the caller's kernel would get a RST, which can discard the answer before the
+caller reads it (RFC 9112 §9.6, "Tear-down")."""
+
 
 class _BoundedHeadProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a bound on each request's head (:data:`MAX_HEAD_BYTES`).
@@ -91,14 +98,22 @@ class _BoundedHeadProtocol(HttpToolsProtocol):
         self._in_head = True  # between a request's end (or the connection's start) and its head's
         self._head_bytes = 0
         self._edges = 0  # heads and requests ended so far
+        self._linger: asyncio.TimerHandle | None = None  # set once closing (_close_lingering)
 
     def data_received(self, data: bytes) -> None:
         """Parse ``data``; refuse the request once its unfinished head passes the bound."""
+        if self._linger is not None:
+            return  # answered and closing: what the caller still sends is dropped
         edges = self._edges
         super().data_received(data)
         # Only a read that lies wholly inside one head counts: one that ended a head or a
         # request also holds bytes of a body or of the request before.
-        if edges != self._edges or not self._in_head or self.transport.is_closing():
+        if (
+            self._linger is not None
+            or edges != self._edges
+            or not self._in_head
+            or self.transport.is_closing()
+        ):
             return
         self._head_bytes += len(data)
         if self._head_bytes > MAX_HEAD_BYTES:
@@ -107,7 +122,36 @@ class _BoundedHeadProtocol(HttpToolsProtocol):
                 b"content-type: text/plain; charset=utf-8\r\n"
                 b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(_HEAD_TOO_LARGE), _HEAD_TOO_LARGE)
             )
-            self.transport.close()
+            self._close_lingering()
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request that does not parse (the same bytes), closed as
+        :meth:`_close_lingering` closes."""
+        body = msg.encode("ascii")
+        headers = b"".join(
+            name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers
+        )
+        self.transport.write(
+            STATUS_LINE[400] + headers + b"content-type: text/plain; charset=utf-8\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
+        )
+        self._close_lingering()
+
+    def _close_lingering(self) -> None:
+        """Close after the answer written last (:data:`LINGER_SECONDS`): its end is sent now (a
+        TLS transport cannot half-close: its ``content-length`` ends it), then the socket closes
+        when the caller closes its side (the transport's own end of file) or the time is up."""
+        if self._linger is not None or self.transport.is_closing():
+            return
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self._linger = asyncio.get_running_loop().call_later(LINGER_SECONDS, self.transport.close)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """The connection closed: no lingering left to end."""
+        if self._linger is not None:
+            self._linger.cancel()
+        super().connection_lost(exc)
 
     def on_headers_complete(self) -> None:
         """The head ended: its body is not counted."""
