@@ -45,6 +45,18 @@ TOOL_TURN = [
 
 SCRIPTS = {"main": TOOL_TURN, "other": [ScriptStep(text="From the other model.")]}
 
+TURN_RPCS = [
+    "BeforeTurn",
+    "BeforeStep",
+    "BeforeToolCall",
+    "AfterToolCall",
+    "OnStepFinish",
+    "BeforeStep",
+    "OnStepFinish",
+    "OnChatResponse",
+]
+"""The hook RPCs of a :data:`TOOL_TURN` turn, in order, for a server subscribed to every hook."""
+
 RemoteEngine = Callable[..., Awaitable[tuple[Harness, RemoteMiddleware]]]
 
 
@@ -119,17 +131,7 @@ async def test_a_two_step_turn_calls_the_remote_hooks_in_the_order_of_section_4(
     assert end_of(events).status == event_pb2.TURN_STATUS_COMPLETED
 
     unary = [rpc for rpc in server.rpcs() if not rpc.startswith("OnChunks")]
-    assert unary == [
-        "GetHookSubscriptions",
-        "BeforeTurn",
-        "BeforeStep",
-        "BeforeToolCall",
-        "AfterToolCall",
-        "OnStepFinish",
-        "BeforeStep",
-        "OnStepFinish",
-        "OnChatResponse",
-    ]
+    assert unary == ["GetHookSubscriptions", *TURN_RPCS]
     rpcs = server.rpcs()
     # One OnChunks call for the turn, opened after step 0 began and closed before OnChatResponse.
     assert rpcs.count("OnChunks") == 1

@@ -17,7 +17,13 @@ from support.hook_server import RecordingHookServer, abort, serving, sleep_forev
 from support.traces import memory_tracing, traceparent_of
 from support.waiting import wait_until
 from test_remote_hooks import *  # noqa: F403  # every test of the unary path, collected again here
-from test_remote_hooks import PARENT, RemoteEngine, counters_from_here, metric  # noqa: F401 (a fixture)
+from test_remote_hooks import (  # noqa: F401 (a fixture)
+    PARENT,
+    TURN_RPCS,
+    RemoteEngine,
+    counters_from_here,
+    metric,
+)
 
 from turnwire.hooks import SessionContext
 from turnwire_client.v1 import event_pb2, hooks_pb2
@@ -79,18 +85,6 @@ async def test_the_turn_ends_without_waiting_for_its_streams_half_close_which_st
 def _turns_of(server: RecordingHookServer) -> list[tuple[str, str]]:
     """(rpc, the turn it named) of every stream call but OnChunks', in order."""
     return [(c.rpc, c.metadata.get(PARENT, "")) for c in server.calls if c.stream]
-
-
-TURN_RPCS = [
-    "BeforeTurn",
-    "BeforeStep",
-    "BeforeToolCall",
-    "AfterToolCall",
-    "OnStepFinish",
-    "BeforeStep",
-    "OnStepFinish",
-    "OnChatResponse",
-]
 
 
 async def test_a_reusing_server_gets_turn_after_turn_on_one_stream_each_call_naming_its_turn(

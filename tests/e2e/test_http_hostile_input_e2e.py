@@ -119,42 +119,42 @@ async def test_a_wrong_token_is_refused_before_the_body_too(sidecar: SidecarProc
     assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
 
 
-async def test_a_refused_caller_still_sending_reads_the_whole_answer_and_is_not_reset(
-    sidecar: SidecarProcess,
-) -> None:
-    # A head past the bound, then the caller keeps sending (as a client still writing its
-    # request does): the 431 and its end (FIN) come, and what the caller sends after them is
-    # read and dropped, not answered by a reset (which can discard the answer unread, RFC 9112
-    # §9.6): closed at once, the listener's kernel resets the connection at the next segment.
+async def answer_while_sending(sidecar: SidecarProcess, request: bytes) -> bytes:
+    """The listener's whole answer (to its end of file) to ``request``, after which the caller
+    goes on sending 1 MiB, a piece at a time, each after the last went out: a reset instead of
+    reading and dropping it (which can discard the answer unread, RFC 9112 §9.6) fails the
+    writes."""
     reader, writer = await asyncio.open_connection(*address(sidecar))
     try:
-        writer.write(b"GET /healthz HTTP/1.1\r\nhost: turnwire\r\nx-padding: " + b"a" * (80 << 10))
-        await writer.drain()
-        answer = await asyncio.wait_for(reader.read(), ANSWER_WITHIN)  # to the end of file
-        assert answer.startswith(b"HTTP/1.1 431") and answer.endswith(b"bytes)\n"), answer[:200]
-        for _ in range(16):  # 1 MiB more, a piece at a time, each after the last went out
-            writer.write(b"a" * (64 << 10))
-            await writer.drain()
-            await asyncio.sleep(0)
-    finally:
-        writer.close()
-
-
-async def test_a_request_that_does_not_parse_gets_its_400_whole_while_the_caller_sends(
-    sidecar: SidecarProcess,
-) -> None:
-    reader, writer = await asyncio.open_connection(*address(sidecar))
-    try:
-        writer.write(b"GET /healthz HTTP/1.1\r\nhost turnwire\r\n\r\n" + b"a" * (256 << 10))
+        writer.write(request)
         await writer.drain()
         answer = await asyncio.wait_for(reader.read(), ANSWER_WITHIN)
-        assert answer.startswith(b"HTTP/1.1 400") and b"Invalid HTTP request" in answer, answer[:200]
         for _ in range(16):
             writer.write(b"a" * (64 << 10))
             await writer.drain()
             await asyncio.sleep(0)
     finally:
         writer.close()
+    return answer
+
+
+async def test_a_refused_caller_still_sending_reads_the_whole_answer_and_is_not_reset(
+    sidecar: SidecarProcess,
+) -> None:
+    # A head past the bound, then the caller keeps sending (as a client still writing its
+    # request does): closed at once, the listener's kernel resets the connection at the next
+    # segment.
+    head = b"GET /healthz HTTP/1.1\r\nhost: turnwire\r\nx-padding: " + b"a" * (80 << 10)
+    answer = await answer_while_sending(sidecar, head)
+    assert answer.startswith(b"HTTP/1.1 431") and answer.endswith(b"bytes)\n"), answer[:200]
+
+
+async def test_a_request_that_does_not_parse_gets_its_400_whole_while_the_caller_sends(
+    sidecar: SidecarProcess,
+) -> None:
+    request = b"GET /healthz HTTP/1.1\r\nhost turnwire\r\n\r\n" + b"a" * (256 << 10)
+    answer = await answer_while_sending(sidecar, request)
+    assert answer.startswith(b"HTTP/1.1 400") and b"Invalid HTTP request" in answer, answer[:200]
 
 
 async def test_a_request_head_past_64_kib_is_refused_431(sidecar: SidecarProcess) -> None:

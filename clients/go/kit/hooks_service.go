@@ -148,7 +148,8 @@ func (s *hooksService) HookSession(stream turnwirev1.TurnHooksService_HookSessio
 // stream's metadata names only its first turn when the sidecar reuses it).
 func callContext(ctx context.Context, incoming metadata.MD, call *turnwirev1.HookCall) context.Context {
 	trace, parent := call.GetTraceContext(), call.GetParentRequestId()
-	sameParent := parent == "" || (len(incoming.Get(ParentRequestMetadata)) == 1 && incoming.Get(ParentRequestMetadata)[0] == parent)
+	streams := incoming.Get(ParentRequestMetadata)
+	sameParent := parent == "" || (len(streams) == 1 && streams[0] == parent)
 	if len(trace) == 0 && sameParent {
 		return ctx
 	}

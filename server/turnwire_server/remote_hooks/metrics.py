@@ -45,8 +45,7 @@ CHUNK_BATCHES = Counter(
 
 CHUNK_EVENTS = Counter(
     "turnwire_remote_hook_chunk_events",
-    "Chunk events for OnChunks by result: sent, or dropped (buffer full, breaker open, call failed,"
-    " or after the turn's last step ended the call).",
+    "Chunk events for OnChunks by result: sent, or dropped (buffer full, breaker open, call failed).",
     ["server", "result"],
 )
 
