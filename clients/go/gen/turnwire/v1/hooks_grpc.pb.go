@@ -41,7 +41,8 @@ type TurnHooksServiceClient interface {
 	ClassifyChatError(ctx context.Context, in *ClassifyChatErrorRequest, opts ...grpc.CallOption) (*ClassifyChatErrorResponse, error)
 	// Once per turn that fails: the error the client sees.
 	OnChatError(ctx context.Context, in *OnChatErrorRequest, opts ...grpc.CallOption) (*OnChatErrorResponse, error)
-	// A turn's hook calls on one stream (all but OnChunks), for a server whose
+	// A turn's hook calls on one stream (all but OnChunks, which come as calls
+	// too when `hook_session_chunks` is set), for a server whose
 	// GetHookSubscriptionsResponse sets `hook_session`: each request carries one
 	// or more calls, answered in order, so a call costs a message (or part of
 	// one) instead of an RPC. The same hooks, order, deadlines and failure
@@ -231,7 +232,8 @@ type TurnHooksServiceServer interface {
 	ClassifyChatError(context.Context, *ClassifyChatErrorRequest) (*ClassifyChatErrorResponse, error)
 	// Once per turn that fails: the error the client sees.
 	OnChatError(context.Context, *OnChatErrorRequest) (*OnChatErrorResponse, error)
-	// A turn's hook calls on one stream (all but OnChunks), for a server whose
+	// A turn's hook calls on one stream (all but OnChunks, which come as calls
+	// too when `hook_session_chunks` is set), for a server whose
 	// GetHookSubscriptionsResponse sets `hook_session`: each request carries one
 	// or more calls, answered in order, so a call costs a message (or part of
 	// one) instead of an RPC. The same hooks, order, deadlines and failure

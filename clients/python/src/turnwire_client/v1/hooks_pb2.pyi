@@ -235,6 +235,7 @@ class GetHookSubscriptionsResponse(_message.Message):
     INCLUDE_MESSAGES_FIELD_NUMBER: _builtins.int
     HOOK_SESSION_FIELD_NUMBER: _builtins.int
     REUSE_HOOK_SESSION_FIELD_NUMBER: _builtins.int
+    HOOK_SESSION_CHUNKS_FIELD_NUMBER: _builtins.int
     include_messages: _builtins.bool
     """Send the message history in BeforeTurn and BeforeStep contexts (it can be
     large; off unless asked for).
@@ -251,6 +252,12 @@ class GetHookSubscriptionsResponse(_message.Message):
     stream opened per turn). Unset: one stream per turn, its metadata naming
     the turn.
     """
+    hook_session_chunks: _builtins.bool
+    """With `hook_session`: the server takes a turn's OnChunks batches as calls
+    on the HookSession stream (`HookCall.on_chunks`, the last one with
+    `OnChunksRequest.last`) instead of an OnChunks call of their own, so a
+    turn opens no second stream. Unset: one OnChunks call per turn.
+    """
     @_builtins.property
     def hooks(self) -> _containers.RepeatedScalarFieldContainer[Global___Hook.ValueType]:
         """The hooks to call; the others are never called."""
@@ -262,10 +269,11 @@ class GetHookSubscriptionsResponse(_message.Message):
         include_messages: _builtins.bool = ...,
         hook_session: _builtins.bool = ...,
         reuse_hook_session: _builtins.bool = ...,
+        hook_session_chunks: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hook_session", b"hook_session", "hooks", b"hooks", "include_messages", b"include_messages", "reuse_hook_session", b"reuse_hook_session"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hook_session", b"hook_session", "hook_session_chunks", b"hook_session_chunks", "hooks", b"hooks", "include_messages", b"include_messages", "reuse_hook_session", b"reuse_hook_session"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1369,12 +1377,22 @@ class OnChunksRequest(_message.Message):
     so they may arrive after later unary hooks of the same turn; the call is
     closed before the turn's OnChatResponse is sent. When the sidecar's buffer
     is full (the server reads too slowly) events are dropped, not waited for.
+    On a HookSession (`hook_session_chunks`) the batches are calls of the
+    stream instead, in order with the turn's other calls.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     TURN_FIELD_NUMBER: _builtins.int
     EVENTS_FIELD_NUMBER: _builtins.int
+    LAST_FIELD_NUMBER: _builtins.int
+    last: _builtins.bool
+    """On HookSession only: the turn's last batch (it may hold no events): the
+    server's OnChunks handler sees its input end after these events, and the
+    call is answered once the handler has returned. A batch of the same turn
+    after it (an attempt recovered after the turn's last step) starts a new
+    OnChunks handler, as a new OnChunks call would.
+    """
     @_builtins.property
     def turn(self) -> Global___TurnInfo:
         """The turn (set in the first request of the call)."""
@@ -1388,10 +1406,11 @@ class OnChunksRequest(_message.Message):
         *,
         turn: Global___TurnInfo | None = ...,
         events: _abc.Iterable[_event_pb2.TurnEvent] | None = ...,
+        last: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["turn", b"turn"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events", "turn", b"turn"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events", "last", b"last", "turn", b"turn"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1707,6 +1726,11 @@ class HookSessionRequest(_message.Message):
     BeforeToolCall, the error hooks) and of OnChatResponse; AfterToolCall and
     OnStepFinish are observing calls: they are sent with the turn's next call (or
     at most 50 ms after they were made) and their answers are not waited for.
+    With `hook_session_chunks`, the turn's OnChunks batches are observing calls
+    too (`on_chunks`), in order with the turn's other calls: the server answers
+    a batch once its events are queued for its OnChunks handler (never after the
+    handler's work), and answers the turn's last batch (`last`) once the handler
+    has returned, so OnChatResponse is handled after it.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -1766,6 +1790,7 @@ class HookCall(_message.Message):
     ON_CHAT_RESPONSE_FIELD_NUMBER: _builtins.int
     CLASSIFY_CHAT_ERROR_FIELD_NUMBER: _builtins.int
     ON_CHAT_ERROR_FIELD_NUMBER: _builtins.int
+    ON_CHUNKS_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     """Numbers the hook calls of the stream, from 1; its answer carries it."""
     parent_request_id: _builtins.str
@@ -1813,6 +1838,13 @@ class HookCall(_message.Message):
     def on_chat_error(self) -> Global___OnChatErrorRequest:
         """OnChatError."""
 
+    @_builtins.property
+    def on_chunks(self) -> Global___OnChunksRequest:
+        """A batch of the turn's OnChunks call, for a server that sets
+        `hook_session_chunks`: the batches of a turn are the requests of one
+        OnChunks call, its end after the batch with `last`.
+        """
+
     def __init__(
         self,
         *,
@@ -1827,12 +1859,13 @@ class HookCall(_message.Message):
         on_chat_response: Global___OnChatResponseRequest | None = ...,
         classify_chat_error: Global___ClassifyChatErrorRequest | None = ...,
         on_chat_error: Global___OnChatErrorRequest | None = ...,
+        on_chunks: Global___OnChunksRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["after_tool_call", b"after_tool_call", "before_step", b"before_step", "before_tool_call", b"before_tool_call", "before_turn", b"before_turn", "classify_chat_error", b"classify_chat_error", "hook", b"hook", "on_chat_error", b"on_chat_error", "on_chat_response", b"on_chat_response", "on_step_finish", b"on_step_finish"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["after_tool_call", b"after_tool_call", "before_step", b"before_step", "before_tool_call", b"before_tool_call", "before_turn", b"before_turn", "classify_chat_error", b"classify_chat_error", "hook", b"hook", "on_chat_error", b"on_chat_error", "on_chat_response", b"on_chat_response", "on_chunks", b"on_chunks", "on_step_finish", b"on_step_finish"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_tool_call", b"after_tool_call", "before_step", b"before_step", "before_tool_call", b"before_tool_call", "before_turn", b"before_turn", "classify_chat_error", b"classify_chat_error", "hook", b"hook", "id", b"id", "on_chat_error", b"on_chat_error", "on_chat_response", b"on_chat_response", "on_step_finish", b"on_step_finish", "parent_request_id", b"parent_request_id", "trace_context", b"trace_context"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_tool_call", b"after_tool_call", "before_step", b"before_step", "before_tool_call", b"before_tool_call", "before_turn", b"before_turn", "classify_chat_error", b"classify_chat_error", "hook", b"hook", "id", b"id", "on_chat_error", b"on_chat_error", "on_chat_response", b"on_chat_response", "on_chunks", b"on_chunks", "on_step_finish", b"on_step_finish", "parent_request_id", b"parent_request_id", "trace_context", b"trace_context"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_hook: _TypeAlias = _typing.Literal["before_turn", "before_step", "before_tool_call", "after_tool_call", "on_step_finish", "on_chat_response", "classify_chat_error", "on_chat_error"]  # noqa: Y015
+    _WhichOneofReturnType_hook: _TypeAlias = _typing.Literal["before_turn", "before_step", "before_tool_call", "after_tool_call", "on_step_finish", "on_chat_response", "classify_chat_error", "on_chat_error", "on_chunks"]  # noqa: Y015
     _WhichOneofArgType_hook: _TypeAlias = _typing.Literal["hook", b"hook"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_hook) -> _WhichOneofReturnType_hook | None: ...
 
@@ -1882,6 +1915,7 @@ class HookAnswer(_message.Message):
     ON_CHAT_RESPONSE_FIELD_NUMBER: _builtins.int
     CLASSIFY_CHAT_ERROR_FIELD_NUMBER: _builtins.int
     ON_CHAT_ERROR_FIELD_NUMBER: _builtins.int
+    ON_CHUNKS_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     """The id of the call it answers."""
     @_builtins.property
@@ -1922,6 +1956,12 @@ class HookAnswer(_message.Message):
     def on_chat_error(self) -> Global___OnChatErrorResponse:
         """OnChatError."""
 
+    @_builtins.property
+    def on_chunks(self) -> Global___OnChunksResponse:
+        """An OnChunks batch (`HookCall.on_chunks`): queued, or for the last batch,
+        handled to its end.
+        """
+
     def __init__(
         self,
         *,
@@ -1935,12 +1975,13 @@ class HookAnswer(_message.Message):
         on_chat_response: Global___OnChatResponseResponse | None = ...,
         classify_chat_error: Global___ClassifyChatErrorResponse | None = ...,
         on_chat_error: Global___OnChatErrorResponse | None = ...,
+        on_chunks: Global___OnChunksResponse | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["after_tool_call", b"after_tool_call", "before_step", b"before_step", "before_tool_call", b"before_tool_call", "before_turn", b"before_turn", "classify_chat_error", b"classify_chat_error", "error", b"error", "hook", b"hook", "on_chat_error", b"on_chat_error", "on_chat_response", b"on_chat_response", "on_step_finish", b"on_step_finish"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["after_tool_call", b"after_tool_call", "before_step", b"before_step", "before_tool_call", b"before_tool_call", "before_turn", b"before_turn", "classify_chat_error", b"classify_chat_error", "error", b"error", "hook", b"hook", "on_chat_error", b"on_chat_error", "on_chat_response", b"on_chat_response", "on_chunks", b"on_chunks", "on_step_finish", b"on_step_finish"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_tool_call", b"after_tool_call", "before_step", b"before_step", "before_tool_call", b"before_tool_call", "before_turn", b"before_turn", "classify_chat_error", b"classify_chat_error", "error", b"error", "hook", b"hook", "id", b"id", "on_chat_error", b"on_chat_error", "on_chat_response", b"on_chat_response", "on_step_finish", b"on_step_finish"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_tool_call", b"after_tool_call", "before_step", b"before_step", "before_tool_call", b"before_tool_call", "before_turn", b"before_turn", "classify_chat_error", b"classify_chat_error", "error", b"error", "hook", b"hook", "id", b"id", "on_chat_error", b"on_chat_error", "on_chat_response", b"on_chat_response", "on_chunks", b"on_chunks", "on_step_finish", b"on_step_finish"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_hook: _TypeAlias = _typing.Literal["before_turn", "before_step", "before_tool_call", "after_tool_call", "on_step_finish", "on_chat_response", "classify_chat_error", "on_chat_error"]  # noqa: Y015
+    _WhichOneofReturnType_hook: _TypeAlias = _typing.Literal["before_turn", "before_step", "before_tool_call", "after_tool_call", "on_step_finish", "on_chat_response", "classify_chat_error", "on_chat_error", "on_chunks"]  # noqa: Y015
     _WhichOneofArgType_hook: _TypeAlias = _typing.Literal["hook", b"hook"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_hook) -> _WhichOneofReturnType_hook | None: ...
 

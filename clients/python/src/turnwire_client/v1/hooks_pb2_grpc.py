@@ -189,7 +189,8 @@ class TurnHooksServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def HookSession(self, request_iterator, context):
-        """A turn's hook calls on one stream (all but OnChunks), for a server whose
+        """A turn's hook calls on one stream (all but OnChunks, which come as calls
+        too when `hook_session_chunks` is set), for a server whose
         GetHookSubscriptionsResponse sets `hook_session`: each request carries one
         or more calls, answered in order, so a call costs a message (or part of
         one) instead of an RPC. The same hooks, order, deadlines and failure

@@ -71,7 +71,8 @@ class TurnHooksServiceStub:
     OnChatError: _grpc.UnaryUnaryMultiCallable[_hooks_pb2.OnChatErrorRequest, _hooks_pb2.OnChatErrorResponse]
     """Once per turn that fails: the error the client sees."""
     HookSession: _grpc.StreamStreamMultiCallable[_hooks_pb2.HookSessionRequest, _hooks_pb2.HookSessionResponse]
-    """A turn's hook calls on one stream (all but OnChunks), for a server whose
+    """A turn's hook calls on one stream (all but OnChunks, which come as calls
+    too when `hook_session_chunks` is set), for a server whose
     GetHookSubscriptionsResponse sets `hook_session`: each request carries one
     or more calls, answered in order, so a call costs a message (or part of
     one) instead of an RPC. The same hooks, order, deadlines and failure
@@ -121,7 +122,8 @@ class TurnHooksServiceAsyncStub(TurnHooksServiceStub):
     OnChatError: _aio.UnaryUnaryMultiCallable[_hooks_pb2.OnChatErrorRequest, _hooks_pb2.OnChatErrorResponse]  # type: ignore[assignment]
     """Once per turn that fails: the error the client sees."""
     HookSession: _aio.StreamStreamMultiCallable[_hooks_pb2.HookSessionRequest, _hooks_pb2.HookSessionResponse]  # type: ignore[assignment]
-    """A turn's hook calls on one stream (all but OnChunks), for a server whose
+    """A turn's hook calls on one stream (all but OnChunks, which come as calls
+    too when `hook_session_chunks` is set), for a server whose
     GetHookSubscriptionsResponse sets `hook_session`: each request carries one
     or more calls, answered in order, so a call costs a message (or part of
     one) instead of an RPC. The same hooks, order, deadlines and failure
@@ -234,7 +236,8 @@ class TurnHooksServiceServicer(metaclass=_abc_1.ABCMeta):
         request_iterator: _MaybeAsyncIterator[_hooks_pb2.HookSessionRequest],
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_hooks_pb2.HookSessionResponse], _abc.AsyncIterator[_hooks_pb2.HookSessionResponse]]:
-        """A turn's hook calls on one stream (all but OnChunks), for a server whose
+        """A turn's hook calls on one stream (all but OnChunks, which come as calls
+        too when `hook_session_chunks` is set), for a server whose
         GetHookSubscriptionsResponse sets `hook_session`: each request carries one
         or more calls, answered in order, so a call costs a message (or part of
         one) instead of an RPC. The same hooks, order, deadlines and failure
