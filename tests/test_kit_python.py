@@ -31,6 +31,7 @@ from turnwire.kit import (
     tool_input,
     tool_spec,
 )
+from turnwire.kit import hook_server as kit_hook_server
 from turnwire.tools import PythonTool, ToolError, ToolExecution, tool
 from turnwire_client.v1 import event_pb2, hooks_pb2, hooks_pb2_grpc, tools_pb2, tools_pb2_grpc
 
@@ -146,7 +147,7 @@ async def test_subscriptions_are_the_overridden_hooks(channel: grpc.aio.Channel)
         hooks_pb2.HOOK_AFTER_TOOL_CALL,
         hooks_pb2.HOOK_ON_CHUNKS,
     ]
-    assert answer.hook_session and not answer.include_messages
+    assert answer.hook_session and answer.hook_session_chunks and not answer.include_messages
 
 
 async def test_unary_decisions_keep_big_integers_and_a_raising_hook_fails_the_call(
@@ -200,6 +201,94 @@ async def test_on_chunks_sees_the_turn_and_the_unread_rest_is_drained(
     ]
     assert await stub.OnChunks(iter(requests)) == hooks_pb2.OnChunksResponse()
     assert policy.chunk_kinds == ["r9:text_delta"]
+
+
+class GatedChunks(HookServer):
+    """An ``on_chunks`` that reads nothing until :attr:`gate` opens; records each run's turn and
+    events."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.runs: list[tuple[str, list[str]]] = []
+        self.cancelled = 0
+
+    async def on_chunks(self, turn: hooks_pb2.TurnInfo, events: AsyncIterator[event_pb2.TurnEvent]) -> None:
+        run: tuple[str, list[str]] = (turn.request_id, [])
+        self.runs.append(run)
+        try:
+            await self.gate.wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        async for event in events:
+            run[1].append(event.text_delta.delta)
+
+
+def _batch(call_id: int, deltas: str, *, turn: str = "", last: bool = False) -> hooks_pb2.HookCall:
+    batch = hooks_pb2.OnChunksRequest(
+        events=[event_pb2.TurnEvent(text_delta=event_pb2.TextDelta(delta=d)) for d in deltas], last=last
+    )
+    if turn:
+        batch.turn.request_id = turn
+    return hooks_pb2.HookCall(id=call_id, parent_request_id="t1", on_chunks=batch)
+
+
+async def test_chunk_batches_on_the_session_never_wait_for_on_chunks_but_the_last_does() -> None:
+    """hooks.proto ``OnChunksRequest.last``: a batch is answered once queued, so the calls after
+    it are not held by a slow ``on_chunks``; the last batch is answered once it has returned; a
+    batch after that starts the hook again; events past MAX_WAITING_EVENTS are dropped."""
+    server = GatedChunks()
+    served = await start(hooks=server)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{served.port}") as channel:
+            stub = hooks_pb2_grpc.TurnHooksServiceStub(channel)
+            session = stub.HookSession()
+            many = "x" * (kit_hook_server.MAX_WAITING_EVENTS + 10)
+            await session.write(
+                hooks_pb2.HookSessionRequest(calls=[_batch(1, "ab", turn="t1"), _batch(2, many)])
+            )
+            answers = [(await session.read()).answers[0] for _ in range(2)]
+            assert [(a.id, a.WhichOneof("hook")) for a in answers] == [(1, "on_chunks"), (2, "on_chunks")]
+            assert server.runs == [("t1", [])]  # answered while the hook reads nothing
+            await session.write(hooks_pb2.HookSessionRequest(calls=[_batch(3, "c", last=True)]))
+            last = asyncio.ensure_future(session.read())
+            await wait_until(lambda: server.runs[0][1] == [] and not last.done())
+            server.gate.set()
+            assert (await last).answers[0].id == 3
+            assert server.runs[0][1] == ["a", "b", *("x" * (kit_hook_server.MAX_WAITING_EVENTS - 2))]
+            await session.write(hooks_pb2.HookSessionRequest(calls=[_batch(4, "d", turn="t1", last=True)]))
+            assert (await session.read()).answers[0].id == 4
+            assert server.runs[1] == ("t1", ["d"])  # a new run of the hook for the same turn
+            await session.done_writing()
+    finally:
+        await served.stop(0)
+
+
+async def test_on_chunks_left_running_when_its_session_ends_is_cancelled() -> None:
+    server = GatedChunks()
+    served = await start(hooks=server)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{served.port}") as channel:
+            session = hooks_pb2_grpc.TurnHooksServiceStub(channel).HookSession()
+            await session.write(hooks_pb2.HookSessionRequest(calls=[_batch(1, "a", turn="t1")]))
+            assert (await session.read()).answers[0].id == 1
+            await session.done_writing()  # the turn's last batch never comes
+            await wait_until(lambda: server.cancelled == 1)
+    finally:
+        await served.stop(0)
+
+
+async def test_a_session_batch_for_a_server_without_on_chunks_is_unimplemented() -> None:
+    served = await start(hooks=HookServer())  # no hooks
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{served.port}") as channel:
+            session = hooks_pb2_grpc.TurnHooksServiceStub(channel).HookSession()
+            await session.write(hooks_pb2.HookSessionRequest(calls=[_batch(1, "a", turn="t1", last=True)]))
+            answer = (await session.read()).answers[0]
+            assert answer.error.code == grpc.StatusCode.UNIMPLEMENTED.value[0]
+            await session.done_writing()
+    finally:
+        await served.stop(0)
 
 
 async def test_the_tool_host_lists_runs_streams_and_fails_tools(channel: grpc.aio.Channel) -> None:

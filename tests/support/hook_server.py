@@ -16,6 +16,9 @@ recorded and answered by the same methods as the unary RPCs, in order, one at a 
 ``reuse_hook_session=True`` also lets the sidecar carry turns one after another on a stream, each
 call's recorded metadata then naming the call's own turn (``HookCall.parent_request_id``), as a
 kit does; without it a call records the stream's metadata, as an older server reads it.
+``hook_session_chunks=True`` takes a turn's ``OnChunks`` batches on the stream: each is recorded
+as an ``OnChunks`` call of its own (``answers["OnChunks"]`` called with the batch), the turn's
+last batch (``last``) followed by an ``OnChunks:end`` record.
 """
 
 from __future__ import annotations
@@ -88,11 +91,13 @@ class RecordingHookServer(hooks_pb2_grpc.TurnHooksServiceServicer):
         record: Path | None = None,
         hook_session: bool | None = None,
         reuse_hook_session: bool = False,
+        hook_session_chunks: bool = False,
     ) -> None:
         self.hooks = list(hooks)
         self.include_messages = include_messages
         self.hook_session = self.default_hook_session if hook_session is None else hook_session
         self.reuse_hook_session = reuse_hook_session
+        self.hook_session_chunks = hook_session_chunks
         self.sessions = 0  # HookSession calls opened
         self.sessions_ended = 0  # HookSession calls the sidecar half-closed (their requests ended)
         self.calls: list[Call] = []
@@ -136,6 +141,7 @@ class RecordingHookServer(hooks_pb2_grpc.TurnHooksServiceServicer):
             include_messages=self.include_messages,
             hook_session=self.hook_session,
             reuse_hook_session=self.reuse_hook_session,
+            hook_session_chunks=self.hook_session_chunks,
         )
         return await self._answer("GetHookSubscriptions", request, context, subscriptions)
 
@@ -191,8 +197,9 @@ class RecordingHookServer(hooks_pb2_grpc.TurnHooksServiceServicer):
                     self._record(rpc, getattr(call, member), session_context)
                     yield GARBAGE
                     continue
+                handler = self._session_chunks if member == "on_chunks" else getattr(self, rpc)
                 try:
-                    result = await getattr(self, rpc)(getattr(call, member), session_context)
+                    result = await handler(getattr(call, member), session_context)
                 except _Aborted as aborted:
                     answer.error.CopyFrom(
                         status_pb2.Status(code=aborted.code.value[0], message=aborted.details)
@@ -205,6 +212,15 @@ class RecordingHookServer(hooks_pb2_grpc.TurnHooksServiceServicer):
                     getattr(answer, member).CopyFrom(result)
                 yield response
         self.sessions_ended += 1
+
+    async def _session_chunks(self, request: Any, context: Any) -> Any:
+        """An ``OnChunks`` batch on the session (``hook_session_chunks``): recorded as an
+        ``OnChunks`` call of its own (answered from ``answers["OnChunks"]``, called with the
+        batch), the last one followed by an ``OnChunks:end`` record once answered."""
+        answer = await self._answer("OnChunks", request, context, hooks_pb2.OnChunksResponse())
+        if request.last:
+            self.calls.append(Call("OnChunks:end", request, self.calls[-1].metadata, stream=True))
+        return answer
 
 
 _RPC_OF = {

@@ -8,8 +8,10 @@
 //   - turnwire.v1.TurnHooksService: GetHookSubscriptions answers the hooks
 //     whose handler is set and offers the HookSession stream; each hook is
 //     served both as its unary RPC and on HookSession (the sidecar's config
-//     picks, docs/hooks.md), by the same handler. Errors and panics become the
-//     failed call the sidecar applies its failure mode to.
+//     picks, docs/hooks.md), by the same handler. OnChunks too: its RPC, or
+//     on HookSession a turn's batches (hook_session_chunks), fed to one
+//     handler call per turn. Errors and panics become the failed call the
+//     sidecar applies its failure mode to.
 //   - turnwire.v1.ToolExecutorService: ListTools lists the tools with JSON
 //     Schemas derived from their Go input types and a new instance id per
 //     process; ExecuteTool decodes the input (integers exact), runs the tool

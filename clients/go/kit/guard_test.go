@@ -25,7 +25,7 @@ func TestALateAnswerIsNotSent(t *testing.T) {
 	if status.Code(err) != codes.Canceled || response != nil {
 		t.Fatalf("BeforeTurn after its context ended: %v, %v; want Canceled", response, err)
 	}
-	answer := service.sessionAnswer(ctx, &turnwirev1.HookCall{Id: 3, Hook: &turnwirev1.HookCall_BeforeTurn{BeforeTurn: &turnwirev1.BeforeTurnRequest{}}})
+	answer := service.sessionAnswer(ctx, &turnwirev1.HookCall{Id: 3, Hook: &turnwirev1.HookCall_BeforeTurn{BeforeTurn: &turnwirev1.BeforeTurnRequest{}}}, nil)
 	if codes.Code(answer.GetError().GetCode()) != codes.Canceled || answer.GetHook() != nil || answer.GetId() != 3 {
 		t.Fatalf("the session's answer %v; want a Canceled error", answer)
 	}

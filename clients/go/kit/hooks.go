@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
+	"sync"
 
 	turnwirev1 "turnwire.dev/go/gen/turnwire/v1"
 	"turnwire.dev/go/internal/exactjson"
@@ -50,6 +52,10 @@ type Hooks struct {
 	// OnChunks observes a turn's streamed events, batch by batch, on one call
 	// per turn (Chunks); the call ends when the handler returns (the batches it
 	// did not read are read and dropped first, so the sidecar is not cut off).
+	// The call is an OnChunks RPC, or on HookSession the turn's batches up to
+	// the one marked last (hooks.proto, OnChunksRequest.last), queued for the
+	// handler so that the stream's other calls never wait for it: at most 4096
+	// events wait, the ones past that are dropped (and logged once per turn).
 	OnChunks func(context.Context, *Chunks) error
 	// OnChatResponse observes a finished turn, after its reply is stored.
 	OnChatResponse func(context.Context, *turnwirev1.OnChatResponseRequest) error
@@ -131,7 +137,9 @@ func DecodeJSON[T any](text string) (T, error) {
 
 // Chunks is one OnChunks call: a turn's streamed events (deltas, tool inputs
 // and results, sources, files, each step's step_start), batch by batch, in
-// order (hooks.proto, OnChunksRequest). Read it as bufio.Scanner:
+// order (hooks.proto, OnChunksRequest), from an OnChunks RPC or from a
+// HookSession stream's batches of the turn (Hooks.OnChunks). Read it as
+// bufio.Scanner:
 //
 //	for chunks.Next() {
 //		for _, event := range chunks.Events() { ... }
@@ -175,3 +183,86 @@ func (c *Chunks) Events() []*turnwirev1.TurnEvent { return c.events }
 
 // Err is what ended the call early (its cancellation), nil at its normal end.
 func (c *Chunks) Err() error { return c.err }
+
+// maxWaitingChunks is how many events of a turn may wait for its OnChunks
+// handler on a HookSession stream; the stream never waits for the handler
+// (hooks.proto, HookSessionRequest: a batch is answered once queued).
+const maxWaitingChunks = 4096
+
+// chunksQueue is the input of a turn's OnChunks handler on a HookSession
+// stream: the session puts the batches, the handler's Chunks takes them.
+// Batches without events are not queued (the last one only ends the input).
+type chunksQueue struct {
+	turn    string        // the turn's parent request id, for the log
+	ready   chan struct{} // a batch or the end was put (1-buffered)
+	mu      sync.Mutex
+	batches [][]*turnwirev1.TurnEvent
+	waiting int  // events in batches
+	ended   bool // the last batch was put
+	closed  bool // the handler returned: batches are dropped
+	dropped bool // a drop was logged
+}
+
+func newChunksQueue(turn string) *chunksQueue {
+	return &chunksQueue{turn: turn, ready: make(chan struct{}, 1)}
+}
+
+// put queues events, those past maxWaitingChunks waiting dropped (logged
+// once per turn); last ends the input after them. It never waits.
+func (q *chunksQueue) put(events []*turnwirev1.TurnEvent, last bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return
+	}
+	if room := maxWaitingChunks - q.waiting; len(events) > room {
+		if !q.dropped {
+			q.dropped = true
+			log.Printf("kit: OnChunks of turn %q reads too slowly: events past %d waiting are dropped", q.turn, maxWaitingChunks)
+		}
+		events = events[:room]
+	}
+	if len(events) > 0 {
+		q.batches = append(q.batches, events)
+		q.waiting += len(events)
+	}
+	q.ended = q.ended || last
+	select {
+	case q.ready <- struct{}{}:
+	default:
+	}
+}
+
+// next is the next batch, waiting for one: io.EOF after the last batch, the
+// status of ctx's end once ctx ends (as an OnChunks RPC's Recv once the RPC
+// is cancelled).
+func (q *chunksQueue) next(ctx context.Context) (*turnwirev1.OnChunksRequest, error) {
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, toStatus(err)
+		}
+		q.mu.Lock()
+		batches, ended := q.batches, q.ended
+		if len(batches) > 0 {
+			q.batches, q.waiting = batches[1:], q.waiting-len(batches[0])
+		}
+		q.mu.Unlock()
+		switch {
+		case len(batches) > 0:
+			return &turnwirev1.OnChunksRequest{Events: batches[0]}, nil
+		case ended:
+			return nil, io.EOF
+		}
+		select {
+		case <-q.ready:
+		case <-ctx.Done():
+		}
+	}
+}
+
+// close drops the batches waiting and any put later (the handler returned).
+func (q *chunksQueue) close() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.closed, q.batches, q.waiting = true, nil, 0
+}

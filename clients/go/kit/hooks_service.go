@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"sync"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -14,7 +15,8 @@ import (
 
 // hooksService serves turnwire.v1.TurnHooksService from Hooks: each unary RPC
 // calls its handler; HookSession calls the same RPC methods for each call of
-// the stream, in order, one at a time (hooks.proto, HookSessionRequest).
+// the stream, in order, one at a time (hooks.proto, HookSessionRequest), and
+// feeds a turn's OnChunks batches to one OnChunks handler (sessionChunks).
 type hooksService struct {
 	turnwirev1.UnimplementedTurnHooksServiceServer
 	hooks Hooks
@@ -28,6 +30,8 @@ func (s *hooksService) GetHookSubscriptions(context.Context, *turnwirev1.GetHook
 		// Each session call's turn is taken from the call: streams may carry
 		// turns one after another.
 		ReuseHookSession: true,
+		// OnChunks batches come on the session too (onChunksCall).
+		HookSessionChunks: true,
 	}, nil
 }
 
@@ -98,9 +102,19 @@ func (s *hooksService) OnChatError(ctx context.Context, r *turnwirev1.OnChatErro
 	return answer(ctx, "OnChatError", s.hooks.OnChatError, r)
 }
 
+var errNoOnChunks = status.Error(codes.Unimplemented, "kit: this server does not implement OnChunks")
+
+// runChunks runs the OnChunks handler on chunks: the call's status.
+func (s *hooksService) runChunks(ctx context.Context, chunks *Chunks) error {
+	_, err := run(ctx, "OnChunks", func(ctx context.Context, c *Chunks) (struct{}, error) {
+		return struct{}{}, s.hooks.OnChunks(ctx, c)
+	}, chunks)
+	return err
+}
+
 func (s *hooksService) OnChunks(stream turnwirev1.TurnHooksService_OnChunksServer) error {
 	if s.hooks.OnChunks == nil {
-		return status.Error(codes.Unimplemented, "kit: this server does not implement OnChunks")
+		return errNoOnChunks
 	}
 	first, err := stream.Recv()
 	if errors.Is(err, io.EOF) {
@@ -110,9 +124,7 @@ func (s *hooksService) OnChunks(stream turnwirev1.TurnHooksService_OnChunksServe
 		return err
 	}
 	chunks := &Chunks{turn: first.GetTurn(), recv: stream.Recv, pending: first}
-	if _, err := run(stream.Context(), "OnChunks", func(ctx context.Context, c *Chunks) (struct{}, error) {
-		return struct{}{}, s.hooks.OnChunks(ctx, c)
-	}, chunks); err != nil {
+	if err := s.runChunks(stream.Context(), chunks); err != nil {
 		return err
 	}
 	for chunks.Next() {
@@ -124,7 +136,15 @@ func (s *hooksService) OnChunks(stream turnwirev1.TurnHooksService_OnChunksServe
 }
 
 func (s *hooksService) HookSession(stream turnwirev1.TurnHooksService_HookSessionServer) error {
-	ctx := stream.Context()
+	// The OnChunks handlers the stream started and did not end (no `last`
+	// came) are cancelled and waited for when it ends, as if their OnChunks
+	// RPC were cancelled.
+	ctx, cancel := context.WithCancel(stream.Context())
+	chunks := &sessionChunks{running: map[string]*chunksTurn{}}
+	defer func() {
+		cancel()
+		chunks.handlers.Wait()
+	}()
 	incoming, _ := metadata.FromIncomingContext(ctx)
 	for {
 		request, err := stream.Recv()
@@ -135,12 +155,66 @@ func (s *hooksService) HookSession(stream turnwirev1.TurnHooksService_HookSessio
 			return err
 		}
 		for _, call := range request.GetCalls() {
-			answer := s.sessionAnswer(callContext(ctx, incoming, call), call)
+			answer := s.sessionAnswer(callContext(ctx, incoming, call), call, chunks)
 			if err := stream.Send(&turnwirev1.HookSessionResponse{Answers: []*turnwirev1.HookAnswer{answer}}); err != nil {
 				return err
 			}
 		}
 	}
+}
+
+// sessionChunks are the OnChunks handlers a HookSession stream runs, by turn
+// (HookCall.parent_request_id); only the stream's loop uses running.
+type sessionChunks struct {
+	running  map[string]*chunksTurn
+	handlers sync.WaitGroup
+}
+
+// chunksTurn is the OnChunks handler of one turn of a HookSession stream.
+type chunksTurn struct {
+	queue *chunksQueue
+	done  chan struct{} // closed when the handler has returned
+	err   error         // the handler's status, set before done is closed
+}
+
+// onChunksCall handles an OnChunks batch of a HookSession stream
+// (hooks.proto, HookSessionRequest and OnChunksRequest.last): the turn's
+// first batch starts the OnChunks handler, with ctx (the batch's call) and
+// the batch's turn; each batch's events are queued for it (at most
+// maxWaitingChunks waiting, chunksQueue). A batch is answered once queued,
+// never after the handler's work; the `last` batch ends the handler's input
+// and is answered once the handler has returned, with its status, and a
+// batch of the turn after it starts a new handler, as a new OnChunks RPC
+// would.
+func (s *hooksService) onChunksCall(ctx context.Context, chunks *sessionChunks, key string, r *turnwirev1.OnChunksRequest) (*turnwirev1.OnChunksResponse, error) {
+	if s.hooks.OnChunks == nil {
+		return nil, errNoOnChunks
+	}
+	turn := chunks.running[key]
+	if turn == nil {
+		turn = &chunksTurn{queue: newChunksQueue(key), done: make(chan struct{})}
+		chunks.running[key] = turn
+		input := &Chunks{turn: r.GetTurn(), recv: func() (*turnwirev1.OnChunksRequest, error) {
+			return turn.queue.next(ctx)
+		}}
+		chunks.handlers.Add(1)
+		go func() {
+			defer chunks.handlers.Done()
+			turn.err = s.runChunks(ctx, input)
+			turn.queue.close() // what it left unread is dropped, as on the RPC
+			close(turn.done)
+		}()
+	}
+	turn.queue.put(r.GetEvents(), r.GetLast())
+	if !r.GetLast() {
+		return &turnwirev1.OnChunksResponse{}, nil
+	}
+	delete(chunks.running, key)
+	<-turn.done
+	if turn.err != nil {
+		return nil, turn.err
+	}
+	return &turnwirev1.OnChunksResponse{}, nil
 }
 
 // callContext is the stream's context with the call's trace context and turn
@@ -163,9 +237,10 @@ func callContext(ctx context.Context, incoming metadata.MD, call *turnwirev1.Hoo
 	return metadata.NewIncomingContext(ctx, md)
 }
 
-// sessionAnswer handles one call of a HookSession stream as its unary RPC:
-// the response, or the status the RPC would have failed with.
-func (s *hooksService) sessionAnswer(ctx context.Context, call *turnwirev1.HookCall) *turnwirev1.HookAnswer {
+// sessionAnswer handles one call of a HookSession stream as its unary RPC
+// (an OnChunks batch: onChunksCall): the response, or the status the RPC
+// would have failed with.
+func (s *hooksService) sessionAnswer(ctx context.Context, call *turnwirev1.HookCall, chunks *sessionChunks) *turnwirev1.HookAnswer {
 	answer := &turnwirev1.HookAnswer{Id: call.GetId()}
 	var err error
 	switch hook := call.GetHook().(type) {
@@ -208,6 +283,11 @@ func (s *hooksService) sessionAnswer(ctx context.Context, call *turnwirev1.HookC
 		var r *turnwirev1.OnChatErrorResponse
 		if r, err = s.OnChatError(ctx, hook.OnChatError); err == nil {
 			answer.Hook = &turnwirev1.HookAnswer_OnChatError{OnChatError: r}
+		}
+	case *turnwirev1.HookCall_OnChunks:
+		var r *turnwirev1.OnChunksResponse
+		if r, err = s.onChunksCall(ctx, chunks, call.GetParentRequestId(), hook.OnChunks); err == nil {
+			answer.Hook = &turnwirev1.HookAnswer_OnChunks{OnChunks: r}
 		}
 	default:
 		err = status.Error(codes.Unimplemented, "kit: a hook call this kit does not know")

@@ -82,8 +82,8 @@ func TestSubscriptionsAreTheHandlersSet(t *testing.T) {
 	want := []turnwirev1.Hook{
 		turnwirev1.Hook_HOOK_BEFORE_TURN, turnwirev1.Hook_HOOK_ON_CHUNKS, turnwirev1.Hook_HOOK_ON_CHAT_ERROR,
 	}
-	if !reflect.DeepEqual(got.GetHooks(), want) || !got.GetIncludeMessages() || !got.GetHookSession() {
-		t.Fatalf("subscriptions %v; want hooks %v, include_messages and hook_session", got, want)
+	if !reflect.DeepEqual(got.GetHooks(), want) || !got.GetIncludeMessages() || !got.GetHookSession() || !got.GetHookSessionChunks() {
+		t.Fatalf("subscriptions %v; want hooks %v, include_messages, hook_session and hook_session_chunks", got, want)
 	}
 	// A hook not set is not served.
 	_, err = client.BeforeStep(testContext(t), &turnwirev1.BeforeStepRequest{})

@@ -183,6 +183,7 @@ test('the subscriptions are the hooks that have handlers, on HookSession', async
     Hook.ON_CHAT_RESPONSE,
   ]);
   assert.equal(answer.hookSession, true);
+  assert.equal(answer.hookSessionChunks, true); // OnChunks on HookSession too: kit_session_chunks.test.mjs
   assert.equal(answer.includeMessages, false);
   assert.throws(() => hooks({ beforeToolcall() {} }), /"beforeToolcall" is no hook/);
   // No handler, or nothing to serve: refused, as the Python and Go kits refuse it (the sidecar

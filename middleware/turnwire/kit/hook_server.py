@@ -5,7 +5,9 @@ typed by the generated ``hooks_pb2.pyi``) and returns its response message, or `
 change" (an empty response). ``GetHookSubscriptions`` lists exactly the hooks the subclass
 overrides, so the sidecar calls nothing else; :class:`HookServer` also serves ``HookSession`` (the
 sidecar then sends a turn's hook calls as messages of one stream, docs/semantics.md §4, remote
-middleware), answering with the same methods.
+middleware), answering with the same methods, ``on_chunks`` included: its batches come on the
+stream too (``hook_session_chunks``), each answered once queued for the turn's ``on_chunks``, the
+last once ``on_chunks`` has returned.
 
 A hook that raises fails its call: the unary RPC ends ``UNKNOWN`` (what gRPC's own servers send
 for a handler's unhandled exception; the TypeScript and Go kits send the same) with the
@@ -25,6 +27,7 @@ message descriptor by type_url``).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -115,7 +118,9 @@ class HookServer:
 
     async def on_chunks(self, turn: hooks_pb2.TurnInfo, events: AsyncIterator[event_pb2.TurnEvent]) -> None:
         """The turn's streamed events, in order, as they come (observation; one call per turn).
-        Events left unread when it returns are read and dropped."""
+        Events left unread when it returns are read and dropped. On ``HookSession`` at most
+        :data:`MAX_WAITING_EVENTS` wait for it to read them; past that they are dropped (logged),
+        so a slow ``on_chunks`` never holds the turn's other hooks."""
 
     async def on_chat_response(self, request: hooks_pb2.OnChatResponseRequest) -> None:
         """After the reply is stored (observation)."""
@@ -208,6 +213,7 @@ class _Servicer(hooks_pb2_grpc.TurnHooksServiceServicer):
 
     def __init__(self, server: HookServer) -> None:
         self._server = server
+        self._on_chunks = hooks_pb2.HOOK_ON_CHUNKS in server.implemented_hooks()
 
     async def GetHookSubscriptions(self, request: Any, context: Any) -> Any:
         return hooks_pb2.GetHookSubscriptionsResponse(
@@ -217,6 +223,7 @@ class _Servicer(hooks_pb2_grpc.TurnHooksServiceServicer):
             # Each session call's turn is taken from the call (below): streams may carry turns
             # one after another.
             reuse_hook_session=self._server.hook_session,
+            hook_session_chunks=self._server.hook_session,
         )
 
     async def _unary(self, name: str, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
@@ -277,22 +284,93 @@ class _Servicer(hooks_pb2_grpc.TurnHooksServiceServicer):
         # One call at a time, in order, each answered as soon as it is done (hooks.proto). The
         # stream's metadata names its first turn; each call names its own (a reused stream).
         metadata = calls.metadata_of(context.invocation_metadata())
-        async for request in request_iterator:
-            for call in request.calls:
-                if call.parent_request_id and call.parent_request_id != metadata.get(
-                    calls.PARENT_REQUEST_METADATA
-                ):
-                    metadata = {**metadata, calls.PARENT_REQUEST_METADATA: call.parent_request_id}
-                calls.enter(metadata, dict(call.trace_context))
-                name = call.WhichOneof("hook")
-                answer = hooks_pb2.HookAnswer(id=call.id)
-                if name not in HOOKS:
-                    answer.error.CopyFrom(
-                        status_pb2.Status(code=code_pb2.UNIMPLEMENTED, message=f"unknown hook call {name}")
-                    )
-                else:
-                    try:
-                        getattr(answer, name).CopyFrom(await _call(self._server, name, getattr(call, name)))
-                    except _HookFailed as failure:
-                        answer.error.CopyFrom(failure.status)
-                yield hooks_pb2.HookSessionResponse(answers=[answer])
+        chunks: dict[str, _TurnChunks] = {}  # the turns whose on_chunks runs, by parent request id
+        try:
+            async for request in request_iterator:
+                for call in request.calls:
+                    if call.parent_request_id and call.parent_request_id != metadata.get(
+                        calls.PARENT_REQUEST_METADATA
+                    ):
+                        metadata = {**metadata, calls.PARENT_REQUEST_METADATA: call.parent_request_id}
+                    calls.enter(metadata, dict(call.trace_context))
+                    answer = await self._session_answer(call, chunks)
+                    yield hooks_pb2.HookSessionResponse(answers=[answer])
+        finally:
+            for turn in chunks.values():
+                turn.task.cancel()  # the stream ended before the turn's last batch
+
+    async def _session_answer(self, call: hooks_pb2.HookCall, chunks: dict[str, _TurnChunks]) -> Any:
+        """The ``HookAnswer`` of one session call, handled as its unary RPC would be."""
+        name = call.WhichOneof("hook")
+        answer = hooks_pb2.HookAnswer(id=call.id)
+        if name not in HOOKS or (name == "on_chunks" and not self._on_chunks):
+            answer.error.code = code_pb2.UNIMPLEMENTED
+            answer.error.message = f"unknown hook call {name}"
+        elif name == "on_chunks":
+            await self._chunk_batch(chunks, call.parent_request_id, call.on_chunks)
+            answer.on_chunks.SetInParent()
+        else:
+            try:
+                getattr(answer, name).CopyFrom(await _call(self._server, name, getattr(call, name)))
+            except _HookFailed as failure:
+                answer.error.CopyFrom(failure.status)
+        return answer
+
+    async def _chunk_batch(
+        self, chunks: dict[str, _TurnChunks], turn_id: str, batch: hooks_pb2.OnChunksRequest
+    ) -> None:
+        """One ``OnChunks`` batch on the session (hooks.proto, ``OnChunksRequest.last``): queued
+        for the turn's ``on_chunks`` (started by its first batch); the last one ends its input and
+        returns once it has returned."""
+        turn = chunks.get(turn_id)
+        if turn is None:
+            turn = chunks[turn_id] = _TurnChunks(self._server, batch.turn)
+        turn.put(batch.events)
+        if batch.last:
+            del chunks[turn_id]
+            await turn.finish()
+
+
+MAX_WAITING_EVENTS = 4096
+"""A turn's events on ``HookSession`` waiting for its ``on_chunks`` to read them, at most (the
+sidecar's own ``chunks.buffer_events`` default); past it a batch's further events are dropped."""
+
+
+class _TurnChunks:
+    """One turn's ``on_chunks``, run as a task fed from the session's batches: an event queue
+    bounded by :data:`MAX_WAITING_EVENTS` (a batch is answered once queued, never after the
+    hook's work), ended by the turn's last batch."""
+
+    def __init__(self, server: HookServer, turn: hooks_pb2.TurnInfo) -> None:
+        self._queue: asyncio.Queue[event_pb2.TurnEvent | None] = asyncio.Queue()
+        self._turn = turn
+        self._dropped = 0
+        # Started in the first batch's call context (call_info), which the task copies.
+        self.task = asyncio.get_running_loop().create_task(self._run(server))
+
+    def put(self, events: Any) -> None:
+        """Queue ``events``; those past :data:`MAX_WAITING_EVENTS` waiting are dropped."""
+        room = MAX_WAITING_EVENTS - self._queue.qsize()
+        for event in events[:room]:
+            self._queue.put_nowait(event)
+        if len(events) > room:
+            if not self._dropped:
+                logger.warning(
+                    "hook on_chunks of turn %s reads too slowly: events dropped", self._turn.request_id
+                )
+            self._dropped += len(events) - room
+
+    async def finish(self) -> None:
+        """End the hook's input after the queued events and wait for it to return."""
+        self._queue.put_nowait(None)
+        await self.task
+
+    async def _run(self, server: HookServer) -> None:
+        async def events() -> AsyncIterator[event_pb2.TurnEvent]:
+            while (event := await self._queue.get()) is not None:
+                yield event
+
+        try:
+            await server.on_chunks(self._turn, events())
+        except Exception:
+            logger.exception("hook on_chunks failed")  # observing: answered all the same

@@ -22,8 +22,10 @@ counted once in the metrics and the breaker:
 
 One :class:`~.breaker.CircuitBreaker` per server: while it is open no RPC is made. ``on_chunk``
 is fed to one ``OnChunks`` call per turn in batches (:mod:`.chunks`), closed before the turn's
-``OnChatResponse``. A server that offers ``hook_session`` gets a turn's other calls as messages
-on one ``HookSession`` stream (:mod:`.session`), opened by the turn's first call: the deciding
+``OnChatResponse``, or, for a server that also sets ``hook_session_chunks``, as batches on the
+turn's ``HookSession`` (:mod:`.session_chunks`), in order with its other calls. A server that
+offers ``hook_session`` gets a turn's other calls as messages on one ``HookSession`` stream
+(:mod:`.session`), opened by the turn's first call: the deciding
 hooks and ``OnChatResponse`` wait for their answers, ``AfterToolCall`` and ``OnStepFinish`` do
 not (their answers are read as they come; the server answers in order, so a later awaited call
 is answered after them). A broken stream turns the rest of the turn's calls into unary RPCs.
@@ -66,7 +68,8 @@ from turnwire_server.remote_hooks.breaker import BreakerState, CircuitBreaker
 from turnwire_server.remote_hooks.calls import HookCallFailed, HookCalls, ResendUnary, read_nothing
 from turnwire_server.remote_hooks.channel import channel_for
 from turnwire_server.remote_hooks.chunks import ChunkStream, chunk_event
-from turnwire_server.remote_hooks.session import HookSession, TurnSessions
+from turnwire_server.remote_hooks.session import HookSession, TurnSessions, failure_kind
+from turnwire_server.remote_hooks.session_chunks import SessionChunks
 from turnwire_server.remote_hooks.settings import RemoteHookSettings
 
 log = logging.getLogger("turnwire.middleware")
@@ -138,8 +141,9 @@ class RemoteMiddleware(HookCalls, Middleware):
         self._channel: grpc.aio.Channel | None = None
         self._stub: hooks_pb2_grpc.TurnHooksServiceStub | None = None
         self._turns: OrderedDict[str, hooks_pb2.TurnInfo] = OrderedDict()
-        self._streams: OrderedDict[str, ChunkStream | None] = OrderedDict()
+        self._streams: OrderedDict[str, ChunkStream | SessionChunks | None] = OrderedDict()
         self.hook_session = False
+        self.session_chunks = False  # the turn's chunk batches go on its HookSession
         self._sessions = TurnSessions(settings.deadline_seconds, self._background)
         self._bound: dict[str, tuple[Any, Any]] = {}  # hook → its calls counter and duration histogram
 
@@ -181,9 +185,13 @@ class RemoteMiddleware(HookCalls, Middleware):
             self._subscribe(frozenset(self.settings.hooks), include_messages=False)
             return None
         self._subscribe(self._hooks_of(subscriptions), include_messages=subscriptions.include_messages)
-        self.hook_session = subscriptions.hook_session and self.settings.hook_session
-        self._sessions.reuse = subscriptions.reuse_hook_session
+        self._session_options(subscriptions)
         return None
+
+    def _session_options(self, subscriptions: hooks_pb2.GetHookSubscriptionsResponse) -> None:
+        self.hook_session = subscriptions.hook_session and self.settings.hook_session
+        self.session_chunks = self.hook_session and subscriptions.hook_session_chunks
+        self._sessions.reuse = subscriptions.reuse_hook_session
 
     def _hooks_of(self, response: hooks_pb2.GetHookSubscriptionsResponse) -> frozenset[str]:
         hooks = set()
@@ -236,8 +244,7 @@ class RemoteMiddleware(HookCalls, Middleware):
                 ", ".join(sorted(added)),
             )
         self.subscribed = hooks & self._implemented
-        self.hook_session = response.hook_session and self.settings.hook_session
-        self._sessions.reuse = response.reuse_hook_session
+        self._session_options(response)
         configured = self.settings.include_messages
         self.include_messages = response.include_messages if configured is None else configured
 
@@ -321,6 +328,10 @@ class RemoteMiddleware(HookCalls, Middleware):
         started = time.perf_counter()
         session = self._sessions.get(request_id, hook, self._open_session) if self.hook_session else None
         if session is not None:
+            if self._streams:
+                chunks = self._streams.get(request_id)
+                if type(chunks) is SessionChunks and chunks.buffered:
+                    chunks.flush()  # the events before the call, in the turn's order
             try:
                 return await self._session_call(
                     session, hook, rpc, request,
@@ -479,14 +490,30 @@ class RemoteMiddleware(HookCalls, Middleware):
         if event is not None:
             stream.add(ctx.step_number, event)
 
-    def _open_chunks(self, conversation_id: str, request_id: str) -> ChunkStream | None:
-        stream: ChunkStream | None = None
+    def _open_chunks(self, conversation_id: str, request_id: str) -> ChunkStream | SessionChunks | None:
+        stream: ChunkStream | SessionChunks | None = None
+        session = None
+        if self.session_chunks:
+            session = self._sessions.get(request_id, "on_chunk", self._open_session)
+        batching = self.settings.chunks
         if not self.breaker.allow():
             metrics.ERRORS.labels(self.server, "on_chunk", "breaker_open").inc()
+        elif session is not None:
+            metrics.CALLS.labels(self.server, "on_chunk").inc()
+            stream = SessionChunks(
+                session,
+                self._info(conversation_id, request_id),
+                server=self.server,
+                max_events=batching.max_events,
+                max_delay_ms=batching.max_delay_ms,
+                buffer_events=batching.buffer_events,
+                deadline_seconds=self.settings.deadline_seconds,
+                trace_context=self._trace_context,
+                on_result=self._chunk_batch_answered,
+            )
         else:
             assert self._stub is not None, "configure_session was not run"
             stub = self._stub
-            batching = self.settings.chunks
             metrics.CALLS.labels(self.server, "on_chunk").inc()
             stream = ChunkStream(
                 lambda: stub.OnChunks(metadata=self._metadata(request_id)),
@@ -505,7 +532,7 @@ class RemoteMiddleware(HookCalls, Middleware):
                 self._close_in_background(oldest)
         return stream
 
-    def _close_in_background(self, stream: ChunkStream) -> None:
+    def _close_in_background(self, stream: ChunkStream | SessionChunks) -> None:
         task = asyncio.get_running_loop().create_task(stream.close())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -520,6 +547,16 @@ class RemoteMiddleware(HookCalls, Middleware):
             kind = "internal"
         metrics.ERRORS.labels(self.server, "on_chunk", kind).inc()
         self._failed_open("on_chunk", HookCallFailed(kind, f"OnChunks failed: {error}"))
+
+    def _chunk_batch_answered(self, error: BaseException | None) -> None:
+        """A batch's answer on the turn's ``HookSession``, counted as a session call's."""
+        if error is None:
+            self.breaker.succeeded()
+            return
+        self.breaker.failed()
+        kind, text = failure_kind(error)
+        metrics.ERRORS.labels(self.server, "on_chunk", kind).inc()
+        self._failed_open("on_chunk", HookCallFailed(kind, f"OnChunks (HookSession) failed: {text}"))
 
     async def on_chat_response(self, ctx: ChatResponseContext) -> None:
         """Close the turn's ``OnChunks`` call (so every chunk batch is sent first), then
@@ -562,6 +599,9 @@ class RemoteMiddleware(HookCalls, Middleware):
         if "on_chat_error" not in self.subscribed:
             return ctx.error
         deadline = time.monotonic() + self.settings.deadline_seconds  # the call and the stream's end
+        chunks = self._streams.get(ctx.request_id) if self._streams else None
+        if type(chunks) is SessionChunks:
+            chunks.end()  # the turn's last batch before the call that ends its stream
         request = hooks_pb2.OnChatErrorRequest(failure=self._failure(ctx))
         try:
             return await self._call(

@@ -1,7 +1,8 @@
 """A turn's hook calls on one ``HookSession`` stream (docs/semantics.md §4, remote middleware).
 
 A server whose ``GetHookSubscriptionsResponse`` sets ``hook_session`` gets each turn's hook
-calls (all but ``OnChunks``) as messages of one bidirectional call instead of a unary RPC each:
+calls (all but ``OnChunks``, whose batches come too when it also sets ``hook_session_chunks``:
+:mod:`.session_chunks`) as messages of one bidirectional call instead of a unary RPC each:
 a message costs a fraction of an RPC (no call set-up, metadata or deadline per hook). The server
 answers the requests in order, one each, so the hooks reach it in the order the chain runs them.
 
@@ -35,9 +36,11 @@ FIELDS = {
     "OnChatResponse": ("on_chat_response", 15),
     "ClassifyChatError": ("classify_chat_error", 16),
     "OnChatError": ("on_chat_error", 17),
+    "OnChunks": ("on_chunks", 18),
 }
-"""Unary RPC name → the ``hook`` oneof member of ``HookSessionRequest`` / ``Response`` and its
-field number (protos/turnwire/v1/hooks.proto)."""
+"""RPC name → the ``hook`` oneof member of ``HookCall`` / ``HookAnswer`` and its field number
+(protos/turnwire/v1/hooks.proto); ``OnChunks``: a batch, for a server that sets
+``hook_session_chunks`` (:mod:`.session_chunks`)."""
 
 
 class SessionBroken(Exception):
@@ -323,9 +326,10 @@ MAX_OPEN_SESSIONS = 1024
 failed with no ``on_chat_error`` subscribed, or was cancelled, leaves its stream to this bound)."""
 
 OPENING_HOOKS = frozenset(
-    ("before_turn", "before_step", "before_tool_call", "after_tool_call", "on_step_finish")
+    ("before_turn", "before_step", "before_tool_call", "after_tool_call", "on_step_finish", "on_chunk")
 )
-"""Hooks that open a turn's stream; the others (``on_chat_response``, the error hooks) use the
+"""Hooks that open a turn's stream (``on_chunk``: its batches, when they go on the stream); the
+others (``on_chat_response``, the error hooks) use the
 turn's stream when one is open, else a unary RPC (one call is not worth a stream)."""
 
 

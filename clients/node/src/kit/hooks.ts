@@ -37,7 +37,7 @@ import {
   TurnInfoSchema,
 } from '../gen/turnwire/v1/hooks_pb.js';
 import { PARENT_REQUEST_ID } from '../calls.js';
-import { callSignal, hookFailure, parentRequestIdOf, TURN_HOOKS_SERVICE } from './grpc.js';
+import { callSignal, type FailedStatus, hookFailure, parentRequestIdOf, TURN_HOOKS_SERVICE } from './grpc.js';
 import { type KitJson, type KitJsonObject, parseKitJson, stringifyKitJson } from './json.js';
 
 type MaybePromise<T> = T | Promise<T>;
@@ -85,7 +85,8 @@ export interface BeforeToolCallContext extends HookContext {
  * Deciding hooks return their response as a plain object (`{system: '…'}`, or a decision from
  * allow/allowWithInput/block/substitute), or nothing for "no change"; observing hooks return
  * nothing. A thrown error (or rejected promise) fails the call: the sidecar applies the failure
- * mode. `onChunks` gets the turn's event batches as they come; return once done with them.
+ * mode. `onChunks` gets the turn's event batches as they come; return once done with them (on
+ * HookSession, batches it has not read yet when it returns are dropped, as on its RPC).
  */
 export interface HookHandlers {
   beforeTurn?(request: BeforeTurnCall, context: HookContext): Answer<typeof BeforeTurnResponseSchema>;
@@ -156,9 +157,10 @@ export function substitute(output: KitJson): MessageInitShape<typeof BeforeToolC
 
 /**
  * A TurnHooksService from `handlers` (see HookHandlers). GetHookSubscriptions answers the hooks
- * present and `hook_session: true`; every hook but onChunks is served both as its unary RPC and
- * on HookSession, where a stream's calls are handled one at a time, in order, each answered as
- * soon as it is done. Throws `TypeError` for a key that is no hook (a typo would silently never
+ * present, `hook_session: true` and `hook_session_chunks: true`; every hook is served both as its
+ * unary RPC (OnChunks: its client-streaming RPC) and on HookSession, where a stream's calls are
+ * handled one at a time, in order, each answered as soon as it is done (OnChunks batches: see
+ * `session`). Throws `TypeError` for a key that is no hook (a typo would silently never
  * be called) and for no handler at all (the sidecar would call nothing), as the Python and Go kits
  * refuse them.
  */
@@ -184,6 +186,8 @@ export function hooks(handlers: HookHandlers, options: HookOptions = {}): HookSe
         hooks: subscriptions,
         includeMessages: options.includeMessages ?? false,
         hookSession: true,
+        // A turn's OnChunks batches as HookSession calls too (served by `session`).
+        hookSessionChunks: true,
         // Each session call's turn is taken from the call: streams may carry turns one after another.
         reuseHookSession: true,
       });
@@ -292,16 +296,32 @@ function answer(
     );
 }
 
+/** At most this many events of a turn wait for its onChunks handler on HookSession; more are dropped. */
+const MAX_WAITING_EVENTS = 4096;
+
 /**
  * HookSession: a turn's calls, handled one at a time in order, each answered once done. The
  * stream's metadata names its first turn; each call names its own (a stream the sidecar reuses).
+ *
+ * A turn's OnChunks batches (`HookCall.on_chunks`, hooks.proto HookSessionRequest) feed one
+ * onChunks handler per turn (keyed by the call's parent request id), started by the turn's first
+ * batch with that call's context. A batch is answered once queued, never after the handler's
+ * work; the turn's last one (OnChunksRequest.last) ends the handler's input and is answered once
+ * the handler returned (its failure as the answer's error, as the OnChunks RPC fails), so the
+ * turn's later calls wait for it. A later batch of the turn starts a new handler. Handlers whose
+ * last batch never came are cancelled when the stream ends or is cancelled, as a cancelled OnChunks
+ * RPC's handler is: their signal aborts and their input fails.
  */
 function session(
   handlers: HookHandlers,
   stream: grpc.ServerDuplexStream<HookSessionRequest, HookSessionResponse>,
 ) {
   const { signal, done } = callSignal(stream);
+  /** The onChunks handlers' signal: aborts with the stream's, or when it ends before their last batch. */
+  const chunksAbort = new AbortController();
   const parentRequestId = parentRequestIdOf(stream.metadata);
+  /** The running onChunks handlers, by turn: their input, and their failure once they returned. */
+  const turns = new Map<string, { batches: Batches; finished: Promise<FailedStatus | undefined> }>();
   let queue = Promise.resolve();
   stream.on('data', (request: HookSessionRequest) => {
     queue = queue.then(async () => {
@@ -314,11 +334,20 @@ function session(
   });
   stream.on('end', () =>
     queue.then(() => {
+      endTurns(new DOMException("the HookSession stream ended before the turn's last batch", 'AbortError'));
       done();
       stream.end();
     }),
   );
   stream.on('error', () => {}); // the sidecar gave the stream up (a deadline, a cancel): signal aborts
+  signal.addEventListener('abort', () => endTurns(signal.reason), { once: true });
+
+  /** Cancels the onChunks handlers whose last batch did not come. */
+  function endTurns(reason: unknown) {
+    chunksAbort.abort(reason);
+    for (const { batches } of turns.values()) batches.close(reason);
+    turns.clear();
+  }
 
   /** The stream's metadata, naming the call's turn when it is another than the stream's first. */
   function metadataOf(call: HookCall): grpc.Metadata {
@@ -329,10 +358,10 @@ function session(
   }
 
   async function answerOf(call: HookCall): Promise<HookAnswer> {
-    const name = call.hook.case as UnaryName | undefined;
+    const name = call.hook.case;
     if (name === undefined || !handlers[name]) {
       const message = `${name ? HOOKS[name].rpc : 'this hook call'} is not implemented by this server`;
-      return { id: call.id, error: { code: grpc.status.UNIMPLEMENTED, message } } as HookAnswer;
+      return failed(call, { code: grpc.status.UNIMPLEMENTED, details: message });
     }
     const context = {
       parentRequestId: call.parentRequestId || parentRequestId,
@@ -340,12 +369,102 @@ function session(
       signal,
       traceContext: call.traceContext,
     };
+    if (call.hook.case === 'onChunks') {
+      const failure = await feed(call.hook.value, { ...context, signal: chunksAbort.signal });
+      return failure
+        ? failed(call, failure)
+        : ({ id: call.id, hook: { case: name, value: {} } } as HookAnswer);
+    }
     try {
-      const value = await run(handlers, name, call.hook.value, context);
+      const value = await run(handlers, name as UnaryName, call.hook.value, context);
       return { id: call.id, hook: { case: name, value } } as HookAnswer;
     } catch (error) {
-      const { code, details } = hookFailure(name, error);
-      return { id: call.id, error: { code, message: details } } as HookAnswer;
+      return failed(call, hookFailure(name, error));
+    }
+  }
+
+  /**
+   * Queues `batch` for its turn's onChunks handler, starting one for a turn that has none. For the
+   * turn's last batch: ends the handler's input and resolves once it returned, with its failure.
+   */
+  async function feed(batch: OnChunksRequest, context: HookContext): Promise<FailedStatus | undefined> {
+    const key = context.parentRequestId;
+    let turn = turns.get(key);
+    if (!turn) {
+      const batches = new Batches(key);
+      const finished = Promise.resolve()
+        .then(() => handlers.onChunks!(batches, context))
+        .then(
+          () => undefined,
+          (error: unknown) => hookFailure('onChunks', error),
+        )
+        .finally(() => batches.close()); // what it left unread is dropped
+      turns.set(key, (turn = { batches, finished }));
+    }
+    turn.batches.push(batch);
+    if (!batch.last) return undefined;
+    turns.delete(key);
+    turn.batches.close();
+    return turn.finished;
+  }
+}
+
+/** The answer to `call` that fails it with `status`. */
+function failed(call: HookCall, status: FailedStatus): HookAnswer {
+  return { id: call.id, error: { code: status.code, message: status.details } } as HookAnswer;
+}
+
+/**
+ * One turn's OnChunks batches on HookSession, as its onChunks handler reads them. At most
+ * MAX_WAITING_EVENTS events wait: the events of a batch beyond that are dropped (logged once per
+ * turn), so a slow handler never holds the stream (hooks.proto HookSessionRequest).
+ */
+class Batches implements AsyncIterable<OnChunksRequest> {
+  private readonly waiting: OnChunksRequest[] = [];
+  private events = 0;
+  private closed = false;
+  private failure: unknown;
+  private dropping = false;
+  private wake = () => {};
+
+  constructor(private readonly turn: string) {}
+
+  /** Queues `batch`, cut to the room left (nothing once closed). */
+  push(batch: OnChunksRequest): void {
+    if (this.closed) return;
+    const room = MAX_WAITING_EVENTS - this.events;
+    if (batch.events.length > room) {
+      if (!this.dropping)
+        console.warn(
+          `turnwire kit: onChunks of turn ${this.turn} reads too slowly: ` +
+            `events beyond ${MAX_WAITING_EVENTS} waiting dropped`,
+        );
+      this.dropping = true;
+      if (room === 0) return;
+      batch.events = batch.events.slice(0, room);
+    }
+    this.waiting.push(batch);
+    this.events += batch.events.length;
+    this.wake();
+  }
+
+  /** No more batches: the reader gets those waiting, then the end (with `failure`: that, thrown at once). */
+  close(failure?: unknown): void {
+    if (this.closed) return;
+    this.closed = true;
+    this.failure = failure;
+    this.wake();
+  }
+
+  async *[Symbol.asyncIterator](): AsyncIterator<OnChunksRequest> {
+    for (;;) {
+      if (this.failure !== undefined) throw this.failure;
+      const batch = this.waiting.shift();
+      if (batch) {
+        this.events -= batch.events.length;
+        yield batch;
+      } else if (this.closed) return;
+      else await new Promise<void>((resolve) => (this.wake = resolve));
     }
   }
 }
