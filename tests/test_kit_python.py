@@ -181,7 +181,7 @@ async def test_hook_session_answers_in_order_and_goes_on_after_a_failure(channel
     ]
     session = stub.HookSession()
     await session.write(hooks_pb2.HookSessionRequest(calls=calls))
-    answers = [(await session.read()).answers[0] for _ in calls]
+    answers = list((await session.read()).answers)  # one response: a request's answers go together
     await session.done_writing()
     assert [a.id for a in answers] == [1, 2, 3]
     assert answers[0].error.code == grpc.StatusCode.UNKNOWN.value[0]
@@ -204,11 +204,13 @@ async def test_on_chunks_sees_the_turn_and_the_unread_rest_is_drained(
 
 
 class GatedChunks(HookServer):
-    """An ``on_chunks`` that reads nothing until :attr:`gate` opens; records each run's turn and
-    events."""
+    """An ``on_chunks`` that reads nothing until :attr:`gate` opens and returns once :attr:`finish`
+    is set after its input ended (:attr:`ended`); records each run's turn and events."""
 
     def __init__(self) -> None:
         self.gate = asyncio.Event()
+        self.finish = asyncio.Event()
+        self.ended = False
         self.runs: list[tuple[str, list[str]]] = []
         self.cancelled = 0
 
@@ -222,6 +224,8 @@ class GatedChunks(HookServer):
             raise
         async for event in events:
             run[1].append(event.text_delta.delta)
+        self.ended = True
+        await self.finish.wait()
 
 
 def _batch(call_id: int, deltas: str, *, turn: str = "", last: bool = False) -> hooks_pb2.HookCall:
@@ -236,28 +240,32 @@ def _batch(call_id: int, deltas: str, *, turn: str = "", last: bool = False) -> 
 async def test_chunk_batches_on_the_session_never_wait_for_on_chunks_but_the_last_does() -> None:
     """hooks.proto ``OnChunksRequest.last``: a batch is answered once queued, so the calls after
     it are not held by a slow ``on_chunks``; the last batch is answered once it has returned; a
-    batch after that starts the hook again; events past MAX_WAITING_EVENTS are dropped."""
+    batch after that starts the hook again; events past MAX_WAITING_EVENTS are dropped. A
+    request's answers come in one response."""
     server = GatedChunks()
     served = await start(hooks=server)
+    waiting = kit_hook_server.MAX_WAITING_EVENTS
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{served.port}") as channel:
-            stub = hooks_pb2_grpc.TurnHooksServiceStub(channel)
-            session = stub.HookSession()
-            many = "x" * (kit_hook_server.MAX_WAITING_EVENTS + 10)
-            await session.write(
-                hooks_pb2.HookSessionRequest(calls=[_batch(1, "ab", turn="t1"), _batch(2, many)])
-            )
-            answers = [(await session.read()).answers[0] for _ in range(2)]
-            assert [(a.id, a.WhichOneof("hook")) for a in answers] == [(1, "on_chunks"), (2, "on_chunks")]
+            session = hooks_pb2_grpc.TurnHooksServiceStub(channel).HookSession()
+            batches = [_batch(1, "ab", turn="t1"), _batch(2, "x" * (waiting + 10)), _batch(3, "c")]
+            await session.write(hooks_pb2.HookSessionRequest(calls=batches))
+            answers = (await session.read()).answers
+            assert [(a.id, a.WhichOneof("hook")) for a in answers] == [(i, "on_chunks") for i in (1, 2, 3)]
             assert server.runs == [("t1", [])]  # answered while the hook reads nothing
-            await session.write(hooks_pb2.HookSessionRequest(calls=[_batch(3, "c", last=True)]))
-            last = asyncio.ensure_future(session.read())
-            await wait_until(lambda: server.runs[0][1] == [] and not last.done())
             server.gate.set()
-            assert (await last).answers[0].id == 3
-            assert server.runs[0][1] == ["a", "b", *("x" * (kit_hook_server.MAX_WAITING_EVENTS - 2))]
-            await session.write(hooks_pb2.HookSessionRequest(calls=[_batch(4, "d", turn="t1", last=True)]))
-            assert (await session.read()).answers[0].id == 4
+            await wait_until(lambda: len(server.runs[0][1]) == waiting)
+            assert server.runs[0][1] == ["a", "b", *("x" * (waiting - 2))]  # the rest was dropped
+            await session.write(hooks_pb2.HookSessionRequest(calls=[_batch(4, "", last=True)]))
+            last = asyncio.ensure_future(session.read())
+            await wait_until(lambda: server.ended)  # its input ended: the last batch was taken
+            for _ in range(20):
+                await asyncio.sleep(0)  # a loop turn for an answer sent too early to arrive
+            assert not last.done()  # the hook has not returned yet
+            server.finish.set()
+            assert [a.id for a in (await last).answers] == [4]
+            await session.write(hooks_pb2.HookSessionRequest(calls=[_batch(5, "d", turn="t1", last=True)]))
+            assert [a.id for a in (await session.read()).answers] == [5]
             assert server.runs[1] == ("t1", ["d"])  # a new run of the hook for the same turn
             await session.done_writing()
     finally:

@@ -34,9 +34,10 @@ from turnwire_server.remote_hooks.settings import RemoteHookSettings
 
 @pytest.fixture(autouse=True)
 def _hook_session() -> Iterator[None]:
-    RecordingHookServer.default_hook_session = True
+    # Answered as the kits answer: a request's answers together, once its last call is done.
+    RecordingHookServer.default_hook_session = RecordingHookServer.default_answers_together = True
     yield
-    RecordingHookServer.default_hook_session = False
+    RecordingHookServer.default_hook_session = RecordingHookServer.default_answers_together = False
 
 
 # --- what only the stream does ------------------------------------------------------------------

@@ -16,16 +16,15 @@ from test_remote_hooks import LONG_TEXT, RemoteEngine, counters_from_here, metri
 
 from turnwire.testing import ScriptStep
 from turnwire_client.v1 import event_pb2, hooks_pb2
-from turnwire_server.remote_hooks.session import SessionBroken
+from turnwire_server.remote_hooks.session import HookSession, SessionBroken
 from turnwire_server.remote_hooks.session_chunks import SessionChunks
 
 remote_engine = test_remote_hooks.remote_engine  # the fixture
 
 
 def _server(*hooks: hooks_pb2.Hook.ValueType) -> RecordingHookServer:
-    if hooks:
-        return RecordingHookServer(hooks, hook_session=True, hook_session_chunks=True)
-    return RecordingHookServer(hook_session=True, hook_session_chunks=True)
+    options: dict[str, Any] = {"hook_session": True, "hook_session_chunks": True, "answers_together": True}
+    return RecordingHookServer(hooks, **options) if hooks else RecordingHookServer(**options)
 
 
 def _kinds(batches: list[Any]) -> list[str]:
@@ -158,11 +157,10 @@ class _Session:
         self.calls.append((how, request, future))
         return len(self.calls), future
 
-    def send(self, rpc: str, request: Any, trace_context: Any) -> tuple[int, asyncio.Future[Any]]:
-        return self._queue("send", request)
-
-    def post(self, rpc: str, request: Any, trace_context: Any) -> tuple[int, asyncio.Future[Any]]:
-        return self._queue("post", request)
+    def post(
+        self, rpc: str, request: Any, trace_context: Any, *, now: bool = False
+    ) -> tuple[int, asyncio.Future[Any]]:
+        return self._queue("now" if now else "post", request)
 
     def expire_after(self, call_id: int, future: Any, seconds: float) -> asyncio.TimerHandle:
         return asyncio.get_running_loop().call_later(seconds, lambda: None)
@@ -194,7 +192,7 @@ async def test_a_full_batch_is_written_at_once_the_rest_rides_the_next_call_and_
     for delta in "abcd":
         chunks.add(0, _text(delta))
     # step_start + a, b: full (3) and written at once; c, d wait for the turn's next call.
-    assert [(how, len(r.events), r.last) for how, r, _ in session.calls] == [("send", 3, False)]
+    assert [(how, len(r.events), r.last) for how, r, _ in session.calls] == [("now", 3, False)]
     assert session.calls[0][1].turn.request_id == "r" and chunks.buffered
     chunks.end()
     assert [(how, len(r.events), r.last) for how, r, _ in session.calls[1:]] == [("post", 2, True)]
@@ -232,3 +230,49 @@ async def test_a_turns_batches_never_go_on_the_stream_once_it_carries_a_later_tu
     session.request_id = "later"  # the turn ended without its end reaching here; the stream moved on
     chunks.end()
     assert session.calls == [] and chunks.ended
+
+
+class _Call:
+    """A ``HookSession`` call that records each write (the list of encoded calls) and holds the
+    first one until :attr:`release` is set (the writer is busy meanwhile)."""
+
+    def __init__(self) -> None:
+        self.writes: list[list[bytes]] = []
+        self.release = asyncio.Event()
+
+    async def write(self, calls: list[bytes]) -> None:
+        self.writes.append(calls)
+        await self.release.wait()
+
+    async def read(self) -> Any:
+        await asyncio.Event().wait()
+
+    def cancel(self) -> None:
+        pass
+
+
+class _Channel:
+    def __init__(self, call: _Call) -> None:
+        self.call = call
+
+    def stream_stream(self, method: str, **serializers: Any) -> Any:
+        return lambda metadata: self.call
+
+
+async def test_a_request_holds_at_most_one_awaited_call_its_last() -> None:
+    # hooks.proto HookSessionRequest: a server may answer a request's calls together once the
+    # last is done, so an awaited call never goes in a request before another call.
+    call = _Call()
+    session = HookSession(_Channel(call), (), "r")
+    request = hooks_pb2.AfterToolCallRequest()
+    session.send("BeforeTurn", hooks_pb2.BeforeTurnRequest(), {})  # written at once: the writer is busy
+    await wait_until(lambda: len(call.writes) == 1)
+    ids = [session.post("AfterToolCall", request, {})[0]]
+    ids.append(session.send("BeforeToolCall", hooks_pb2.BeforeToolCallRequest(), {})[0])
+    ids.append(session.send("BeforeToolCall", hooks_pb2.BeforeToolCallRequest(), {})[0])
+    ids.append(session.post("OnStepFinish", hooks_pb2.OnStepFinishRequest(), {})[0])
+    call.release.set()
+    await wait_until(lambda: len(call.writes) == 4)
+    ids_of = [[hooks_pb2.HookCall.FromString(c).id for c in write] for write in call.writes[1:]]
+    assert ids_of == [[ids[0], ids[1]], [ids[2]], [ids[3]]]
+    session.break_(RuntimeError("done"))

@@ -16,7 +16,8 @@ recorded and answered by the same methods as the unary RPCs, in order, one at a 
 ``reuse_hook_session=True`` also lets the sidecar carry turns one after another on a stream, each
 call's recorded metadata then naming the call's own turn (``HookCall.parent_request_id``), as a
 kit does; without it a call records the stream's metadata, as an older server reads it.
-``hook_session_chunks=True`` takes a turn's ``OnChunks`` batches on the stream: each is recorded
+``answers_together=True`` answers a request's calls in one response once its last is done (as
+the kits do). ``hook_session_chunks=True`` takes a turn's ``OnChunks`` batches on the stream: each is recorded
 as an ``OnChunks`` call of its own (``answers["OnChunks"]`` called with the batch), the turn's
 last batch (``last``) followed by an ``OnChunks:end`` record.
 """
@@ -82,6 +83,7 @@ class RecordingHookServer(hooks_pb2_grpc.TurnHooksServiceServicer):
     stream (default :attr:`default_hook_session`, which a test module may switch on)."""
 
     default_hook_session = False
+    default_answers_together = False
 
     def __init__(
         self,
@@ -92,12 +94,16 @@ class RecordingHookServer(hooks_pb2_grpc.TurnHooksServiceServicer):
         hook_session: bool | None = None,
         reuse_hook_session: bool = False,
         hook_session_chunks: bool = False,
+        answers_together: bool | None = None,
     ) -> None:
         self.hooks = list(hooks)
         self.include_messages = include_messages
         self.hook_session = self.default_hook_session if hook_session is None else hook_session
         self.reuse_hook_session = reuse_hook_session
         self.hook_session_chunks = hook_session_chunks
+        self.answers_together = (
+            self.default_answers_together if answers_together is None else answers_together
+        )
         self.sessions = 0  # HookSession calls opened
         self.sessions_ended = 0  # HookSession calls the sidecar half-closed (their requests ended)
         self.calls: list[Call] = []
@@ -184,9 +190,11 @@ class RecordingHookServer(hooks_pb2_grpc.TurnHooksServiceServicer):
         return await self._answer("OnChatError", request, context, hooks_pb2.OnChatErrorResponse())
 
     async def HookSession(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
-        """Each call as its unary RPC would be handled, in order; each answered as it is done."""
+        """Each call as its unary RPC would be handled, in order; each answered as it is done (with
+        ``answers_together``, as the kits do: a request's answers in one response after its last)."""
         self.sessions += 1
         async for request in request_iterator:
+            together = hooks_pb2.HookSessionResponse()
             for call in request.calls:
                 member = call.WhichOneof("hook")
                 rpc = _RPC_OF[member]
@@ -210,7 +218,12 @@ class RecordingHookServer(hooks_pb2_grpc.TurnHooksServiceServicer):
                     )
                 else:
                     getattr(answer, member).CopyFrom(result)
-                yield response
+                if self.answers_together:
+                    together.answers.extend(response.answers)
+                else:
+                    yield response
+            if together.answers:
+                yield together
         self.sessions_ended += 1
 
     async def _session_chunks(self, request: Any, context: Any) -> Any:

@@ -154,11 +154,15 @@ func (s *hooksService) HookSession(stream turnwirev1.TurnHooksService_HookSessio
 		if err != nil {
 			return err
 		}
+		// A request's answers go together once its last call is done: the
+		// sidecar waits for at most one call of a request, its last
+		// (hooks.proto, HookSessionRequest).
+		answers := make([]*turnwirev1.HookAnswer, 0, len(request.GetCalls()))
 		for _, call := range request.GetCalls() {
-			answer := s.sessionAnswer(callContext(ctx, incoming, call), call, chunks)
-			if err := stream.Send(&turnwirev1.HookSessionResponse{Answers: []*turnwirev1.HookAnswer{answer}}); err != nil {
-				return err
-			}
+			answers = append(answers, s.sessionAnswer(callContext(ctx, incoming, call), call, chunks))
+		}
+		if err := stream.Send(&turnwirev1.HookSessionResponse{Answers: answers}); err != nil {
+			return err
 		}
 	}
 }

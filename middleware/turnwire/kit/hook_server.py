@@ -281,20 +281,23 @@ class _Servicer(hooks_pb2_grpc.TurnHooksServiceServicer):
         return hooks_pb2.OnChunksResponse()
 
     async def HookSession(self, request_iterator: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
-        # One call at a time, in order, each answered as soon as it is done (hooks.proto). The
-        # stream's metadata names its first turn; each call names its own (a reused stream).
+        # One call at a time, in order (hooks.proto). The stream's metadata names its first turn;
+        # each call names its own (a reused stream).
         metadata = calls.metadata_of(context.invocation_metadata())
         chunks: dict[str, _TurnChunks] = {}  # the turns whose on_chunks runs, by parent request id
         try:
             async for request in request_iterator:
+                # A request's answers go together once its last call is done: the sidecar waits
+                # for at most one call of a request, its last (hooks.proto, HookSessionRequest).
+                response = hooks_pb2.HookSessionResponse()
                 for call in request.calls:
                     if call.parent_request_id and call.parent_request_id != metadata.get(
                         calls.PARENT_REQUEST_METADATA
                     ):
                         metadata = {**metadata, calls.PARENT_REQUEST_METADATA: call.parent_request_id}
                     calls.enter(metadata, dict(call.trace_context))
-                    answer = await self._session_answer(call, chunks)
-                    yield hooks_pb2.HookSessionResponse(answers=[answer])
+                    response.answers.append(await self._session_answer(call, chunks))
+                yield response
         finally:
             for turn in chunks.values():
                 turn.task.cancel()  # the stream ended before the turn's last batch

@@ -132,6 +132,10 @@ class HookCalls:
             call_id, future = queue(rpc, request, self._trace_context())
         except SessionBroken:
             raise ResendUnary from None  # it broke before this call went out
+        if post:
+            # An observing call's answer may come with the answer of the call written after it
+            # (hooks.proto, HookSessionRequest), which has a deadline of its own: due by then too.
+            remaining += self.settings.deadline_seconds
         timer = session.expire_after(call_id, future, remaining)
         if post:
             done = functools.partial(

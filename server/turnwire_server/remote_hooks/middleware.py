@@ -67,8 +67,9 @@ from turnwire_server.remote_hooks import convert, metrics
 from turnwire_server.remote_hooks.breaker import BreakerState, CircuitBreaker
 from turnwire_server.remote_hooks.calls import HookCallFailed, HookCalls, ResendUnary, read_nothing
 from turnwire_server.remote_hooks.channel import channel_for
+from turnwire_server.remote_hooks.chunk_calls import ChunkCalls
 from turnwire_server.remote_hooks.chunks import ChunkStream, chunk_event
-from turnwire_server.remote_hooks.session import HookSession, TurnSessions, failure_kind
+from turnwire_server.remote_hooks.session import HookSession, TurnSessions
 from turnwire_server.remote_hooks.session_chunks import SessionChunks
 from turnwire_server.remote_hooks.settings import RemoteHookSettings
 
@@ -99,10 +100,6 @@ MAX_TRACKED_TURNS = 10_000
 ``on_chat_response``; past it the oldest is forgotten (a turn that never reached
 ``on_chat_response``), and its later requests carry only the ids."""
 
-MAX_OPEN_CHUNK_CALLS = 1024
-"""``OnChunks`` calls open at once per server; past it the oldest is closed (a turn whose
-``on_chat_response`` never came, for example one cut short by a shutdown)."""
-
 
 class RemoteHookUnavailable(DomainError):
     """A fail-closed ``before_turn`` / ``before_step`` could not get an answer: the turn fails
@@ -113,7 +110,7 @@ class RemoteHookUnavailable(DomainError):
     retryable = True
 
 
-class RemoteMiddleware(HookCalls, Middleware):
+class RemoteMiddleware(ChunkCalls, HookCalls, Middleware):
     """One remote hook server in the chain (see the module docstring).
 
     ``settings`` is the config entry's ``remote`` section. :attr:`subscribed` is the set of
@@ -489,74 +486,6 @@ class RemoteMiddleware(HookCalls, Middleware):
         event = chunk_event(ctx.chunk)
         if event is not None:
             stream.add(ctx.step_number, event)
-
-    def _open_chunks(self, conversation_id: str, request_id: str) -> ChunkStream | SessionChunks | None:
-        stream: ChunkStream | SessionChunks | None = None
-        session = None
-        if self.session_chunks:
-            session = self._sessions.get(request_id, "on_chunk", self._open_session)
-        batching = self.settings.chunks
-        if not self.breaker.allow():
-            metrics.ERRORS.labels(self.server, "on_chunk", "breaker_open").inc()
-        elif session is not None:
-            metrics.CALLS.labels(self.server, "on_chunk").inc()
-            stream = SessionChunks(
-                session,
-                self._info(conversation_id, request_id),
-                server=self.server,
-                max_events=batching.max_events,
-                max_delay_ms=batching.max_delay_ms,
-                buffer_events=batching.buffer_events,
-                deadline_seconds=self.settings.deadline_seconds,
-                trace_context=self._trace_context,
-                on_result=self._chunk_batch_answered,
-            )
-        else:
-            assert self._stub is not None, "configure_session was not run"
-            stub = self._stub
-            metrics.CALLS.labels(self.server, "on_chunk").inc()
-            stream = ChunkStream(
-                lambda: stub.OnChunks(metadata=self._metadata(request_id)),
-                self._info(conversation_id, request_id),
-                server=self.server,
-                max_events=batching.max_events,
-                max_delay_ms=batching.max_delay_ms,
-                buffer_events=batching.buffer_events,
-                deadline_seconds=self.settings.deadline_seconds,
-                on_result=self._chunks_ended,
-            )
-        self._streams[request_id] = stream
-        while len(self._streams) > MAX_OPEN_CHUNK_CALLS:
-            _, oldest = self._streams.popitem(last=False)
-            if oldest is not None:
-                self._close_in_background(oldest)
-        return stream
-
-    def _close_in_background(self, stream: ChunkStream | SessionChunks) -> None:
-        task = asyncio.get_running_loop().create_task(stream.close())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    def _chunks_ended(self, error: BaseException | None) -> None:
-        if error is None:
-            self.breaker.succeeded()
-            return
-        self.breaker.failed()
-        kind = error.code().name.lower() if isinstance(error, grpc.aio.AioRpcError) else "deadline_exceeded"
-        if not isinstance(error, grpc.aio.AioRpcError | TimeoutError):
-            kind = "internal"
-        metrics.ERRORS.labels(self.server, "on_chunk", kind).inc()
-        self._failed_open("on_chunk", HookCallFailed(kind, f"OnChunks failed: {error}"))
-
-    def _chunk_batch_answered(self, error: BaseException | None) -> None:
-        """A batch's answer on the turn's ``HookSession``, counted as a session call's."""
-        if error is None:
-            self.breaker.succeeded()
-            return
-        self.breaker.failed()
-        kind, text = failure_kind(error)
-        metrics.ERRORS.labels(self.server, "on_chunk", kind).inc()
-        self._failed_open("on_chunk", HookCallFailed(kind, f"OnChunks (HookSession) failed: {text}"))
 
     async def on_chat_response(self, ctx: ChatResponseContext) -> None:
         """Close the turn's ``OnChunks`` call (so every chunk batch is sent first), then

@@ -132,6 +132,7 @@ class HookSession:
         self._next_id = 0
         self._pending: dict[int, tuple[str, asyncio.Future[Any]]] = {}
         self._buffer: list[bytes] = []  # encoded calls not handed to the writer yet
+        self._awaited = 0  # how many of them are awaited (sent, not posted)
         self._flush_timer: asyncio.TimerHandle | None = None
         self._writer: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # the writer and the half-close, kept alive
@@ -139,12 +140,15 @@ class HookSession:
         self._reader = self._loop.create_task(self._read())
 
     def post(
-        self, rpc: str, request: Any, trace_context: Mapping[str, str]
+        self, rpc: str, request: Any, trace_context: Mapping[str, str], *, now: bool = False
     ) -> tuple[int, asyncio.Future[Any]]:
-        """Queue an observing call: written with the turn's next call, or :data:`HOLD_SECONDS`
-        from now. Returns what :meth:`send` returns; raises :class:`SessionBroken` likewise."""
-        call_id, future = self._add(rpc, request, trace_context)
-        if self._flush_timer is None:
+        """Queue an observing call (no one waits for its answer): written with the turn's next
+        call, or :data:`HOLD_SECONDS` from now (``now``: at once, with the calls held). Returns
+        what :meth:`send` returns; raises :class:`SessionBroken` likewise."""
+        call_id, future = self._add(rpc, request, trace_context, awaited=False)
+        if now:
+            self._flush()
+        elif self._flush_timer is None:
             self._flush_timer = self._loop.call_later(HOLD_SECONDS, self._flush)
         return call_id, future
 
@@ -156,12 +160,12 @@ class HookSession:
         message), which fails with :class:`CallFailed` (an error answer), :class:`SessionBroken`
         (the stream broke, its write included) or ``ValueError`` (an answer of another hook).
         Raises :class:`SessionBroken` when the stream is already broken."""
-        call_id, future = self._add(rpc, request, trace_context)
+        call_id, future = self._add(rpc, request, trace_context, awaited=True)
         self._flush()
         return call_id, future
 
     def _add(
-        self, rpc: str, request: Any, trace_context: Mapping[str, str]
+        self, rpc: str, request: Any, trace_context: Mapping[str, str], *, awaited: bool
     ) -> tuple[int, asyncio.Future[Any]]:
         if self.broken is not None:
             raise self.broken
@@ -169,7 +173,12 @@ class HookSession:
         call_id = self._next_id
         future: asyncio.Future[Any] = self._loop.create_future()
         self._pending[call_id] = (rpc, future)
-        self._buffer.append(_encode_call(call_id, rpc, request, trace_context, self.request_id))
+        encoded = _encode_call(call_id, rpc, request, trace_context, self.request_id)
+        # An awaited call ends the request it goes in (below): b"" marks it, cut before writing.
+        self._buffer.append(encoded)
+        if awaited:
+            self._buffer.append(b"")
+            self._awaited += 1
         return call_id, future
 
     def _flush(self) -> None:
@@ -187,11 +196,18 @@ class HookSession:
         return task
 
     async def _write(self) -> None:
-        # One write at a time (grpc's rule), each taking every call buffered meanwhile, so the
-        # calls go out in the order of their ids; the task ends once the buffer is empty (a
-        # later call starts another).
+        # One write at a time (grpc's rule), each taking the calls buffered meanwhile up to and
+        # including the first awaited one, so the calls go out in the order of their ids and a
+        # request holds at most one awaited call, its last: a server that answers a request's
+        # calls together (hooks.proto, HookSessionRequest) never holds an awaited answer behind
+        # another call. The task ends once the buffer is empty (a later call starts another).
         while self._buffer and self.broken is None:
-            calls, self._buffer = self._buffer, []
+            if self._awaited:
+                cut = self._buffer.index(b"")
+                calls, self._buffer = self._buffer[:cut], self._buffer[cut + 1 :]
+                self._awaited -= 1
+            else:
+                calls, self._buffer = self._buffer, []
             try:
                 await self._call.write(calls)
             except asyncio.CancelledError:
@@ -222,6 +238,7 @@ class HookSession:
             self._flush_timer.cancel()
             self._flush_timer = None
         self._buffer.clear()
+        self._awaited = 0
         for _, future in list(self._pending.values()):
             if not future.done():
                 future.set_exception(self.broken)

@@ -112,14 +112,15 @@ class SessionChunks:
         if self._info is not None:
             request.turn.CopyFrom(self._info)
             self._info = None
-        queue = self._session.send if now else self._session.post
         try:
-            call_id, future = queue(RPC, request, self._trace_context())
+            call_id, future = self._session.post(RPC, request, self._trace_context(), now=now)
         except SessionBroken:
             self._fail(len(events))
             return
         self._in_flight += len(events)
-        timer = self._session.expire_after(call_id, future, self._deadline)
+        # Its answer may come with the answer of the call written after it (hooks.proto,
+        # HookSessionRequest): due within that call's deadline too.
+        timer = self._session.expire_after(call_id, future, 2 * self._deadline)
         future.add_done_callback(lambda done: self._answered(done, call_id, len(events), timer))
         metrics.CHUNK_BATCHES.labels(self._server).inc()
         metrics.CHUNK_EVENTS.labels(self._server, "sent").inc(len(events))

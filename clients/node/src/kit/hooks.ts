@@ -300,8 +300,9 @@ function answer(
 const MAX_WAITING_EVENTS = 4096;
 
 /**
- * HookSession: a turn's calls, handled one at a time in order, each answered once done. The
- * stream's metadata names its first turn; each call names its own (a stream the sidecar reuses).
+ * HookSession: a turn's calls, handled one at a time in order, a request's answers written
+ * together once its last call is done. The stream's metadata names its first turn; each call
+ * names its own (a stream the sidecar reuses).
  *
  * A turn's OnChunks batches (`HookCall.on_chunks`, hooks.proto HookSessionRequest) feed one
  * onChunks handler per turn (keyed by the call's parent request id), started by the turn's first
@@ -325,11 +326,14 @@ function session(
   let queue = Promise.resolve();
   stream.on('data', (request: HookSessionRequest) => {
     queue = queue.then(async () => {
+      // A request's answers go together once its last call is done: the sidecar waits for at
+      // most one call of a request, its last (hooks.proto HookSessionRequest).
+      const answers: HookAnswer[] = [];
       for (const call of request.calls) {
         if (signal.aborted) return;
-        const answer = await answerOf(call);
-        if (!signal.aborted) stream.write({ answers: [answer] } as HookSessionResponse);
+        answers.push(await answerOf(call));
       }
+      if (!signal.aborted) stream.write({ answers } as HookSessionResponse);
     });
   });
   stream.on('end', () =>

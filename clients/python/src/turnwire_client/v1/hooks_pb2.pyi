@@ -1720,8 +1720,11 @@ class HookSessionRequest(_message.Message):
     `turnwire-parent-request-id`, as on the unary RPCs); for one that does, a
     turn after another, each call naming its turn (`HookCall.parent_request_id`),
     a turn's calls never interleaved with another's. The server handles the calls in order, one at a time, as
-    if each were its unary RPC, and answers them in the same order, each as soon
-    as it is done (a HookSessionResponse holds one answer or more). The
+    if each were its unary RPC, and answers them in the same order: each as soon
+    as it is done, or, as the kits do, the answers of one request's calls
+    together in one HookSessionResponse once its last call is done (a request
+    holds at most one call the sidecar waits for, its last; a response per
+    request instead of per call saves both sides a message each). The
     sidecar waits for the answers of the deciding hooks (BeforeTurn, BeforeStep,
     BeforeToolCall, the error hooks) and of OnChatResponse; AfterToolCall and
     OnStepFinish are observing calls: they are sent with the turn's next call (or
