@@ -15,8 +15,9 @@ Measured per turn, one turn at a time, each on a new conversation:
   call of the turn, and those around the tool call (``before_tool_call`` + ``after_tool_call``).
 
 The hooks are the example's: BeforeTurn, BeforeStep, BeforeToolCall, AfterToolCall,
-OnStepFinish, OnChunks (batched) and OnChatResponse, so a remote turn makes 8 unary hook RPCs
-and one streaming call.
+OnStepFinish, OnChunks (batched) and OnChatResponse, so a remote turn makes 8 hook calls plus
+its chunk batches: on the ``HookSession`` stream (the Node kit sets ``hook_session_chunks``), or
+as 8 unary RPCs and an ``OnChunks`` call (the unary configuration).
 
     python bench/remote_hooks.py [--rounds 8] [--turns 25] [--json PATH]
 """
@@ -130,8 +131,9 @@ RPC_HOOKS = frozenset(
         "on_chat_response",
     )
 )
-"""The hooks the example subscribes to that are calls of their own (``on_chunk`` rides one
-``OnChunks`` stream per turn, closed inside ``on_chat_response``)."""
+"""The hooks the example subscribes to that are calls of their own (``on_chunk``'s batches ride the
+turn's ``HookSession``, the last one answered inside ``on_chat_response``'s entry; on the unary
+path one ``OnChunks`` call per turn, closed there)."""
 HOOK_CALLS_PER_TURN = 8
 TARGET_MS = 0.3
 """Issue 33: one remote hook call costs at most this on loopback."""
@@ -235,7 +237,7 @@ def per_call_table(args: argparse.Namespace) -> Table:
     result.notes = [
         f"'{REMOTE_HOOKS.name}' and '{UNARY_HOOKS.name}' against '{local.name}',"
         f" {REMOTE_HOOKS.measured_turns} turns each; {HOOK_CALLS_PER_TURN} hook calls per turn plus the"
-        " OnChunks stream (its close is inside on_chat_response's entry); wall: each hook call's entry"
+        " chunk batches (their end is inside on_chat_response's entry); wall: each hook call's entry"
         " in the sidecar's hook timeline (a posted AfterToolCall / OnStepFinish: the time to queue it)",
         "CPU: user + system of the processes (/proc), all threads; the Node app's includes its"
         " journal of each call (the example's own work)",
@@ -280,8 +282,9 @@ def table(args: argparse.Namespace) -> Table:
         f"{args.rounds} rounds x {args.turns} turns per configuration (after {args.warmup_rounds} warm-up"
         " round(s)), configurations interleaved, one turn at a time, each a Chat on a new conversation;"
         f" ratio and added ms against '{BASELINE.name}'",
-        "a turn: 2 steps, 1 tool call (lookup_order); remote hooks: 8 unary hook RPCs + 1 OnChunks stream"
-        " per turn (BeforeTurn, 2 BeforeStep, BeforeToolCall, AfterToolCall, 2 OnStepFinish, OnChatResponse)",
+        "a turn: 2 steps, 1 tool call (lookup_order); remote hooks: 8 hook calls + the chunk batches per"
+        " turn (BeforeTurn, 2 BeforeStep, BeforeToolCall, AfterToolCall, 2 OnStepFinish, OnChatResponse):"
+        " on one HookSession, or unary RPCs + 1 OnChunks call",
         "hooks: the sum of the turn's hook durations in the sidecar's hook timeline;"
         " tool-call hooks: before_tool_call + after_tool_call of the one call",
     ]

@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 KITS = REPO / "clients" / "conformance" / "kits"
 JOURNAL_EVENTS = {
     "before_turn",
+    "before_step",
     "before_tool_call",
     "after_tool_call",
     "on_step_finish",

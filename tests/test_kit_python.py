@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import subprocess
 import sys
@@ -483,3 +484,55 @@ print(json_format.MessageToJson(request, indent=None))
     )
     assert done.returncode == 0, done.stderr
     assert '"reason": "OOPS!"' in done.stdout
+
+
+class ObservingSteps(HookServer):
+    """Observes before_step, yet answers a change (which the kit empties, with a warning)."""
+
+    observed_hooks = frozenset({"before_step"})
+
+    async def before_step(self, request: hooks_pb2.BeforeStepRequest) -> hooks_pb2.BeforeStepResponse | None:
+        return hooks_pb2.BeforeStepResponse(system="a change the sidecar would ignore")
+
+
+async def test_an_observed_hooks_change_is_answered_empty_with_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    served = await start(hooks=ObservingSteps())
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{served.port}") as channel:
+            stub = hooks_pb2_grpc.TurnHooksServiceStub(channel)
+            subscriptions = await stub.GetHookSubscriptions(hooks_pb2.GetHookSubscriptionsRequest())
+            assert list(subscriptions.hooks) == [hooks_pb2.HOOK_BEFORE_STEP]
+            assert list(subscriptions.observed_hooks) == [hooks_pb2.HOOK_BEFORE_STEP]
+            with caplog.at_level(logging.WARNING, logger="turnwire.kit"):
+                assert await stub.BeforeStep(hooks_pb2.BeforeStepRequest()) == hooks_pb2.BeforeStepResponse()
+                session = stub.HookSession()
+                call = hooks_pb2.HookCall(id=1, before_step=hooks_pb2.BeforeStepRequest())
+                await session.write(hooks_pb2.HookSessionRequest(calls=[call]))
+                (answer,) = (await session.read()).answers
+                await session.done_writing()
+            assert answer.WhichOneof("hook") == "before_step" and not answer.before_step.ByteSize()
+            warnings = [r.getMessage() for r in caplog.records if "is observed" in r.getMessage()]
+            assert warnings == ["hook before_step is observed (observed_hooks): its answer is ignored"]
+    finally:
+        await served.stop(0)
+
+
+def test_observed_hooks_must_be_deciding_hooks_the_server_implements() -> None:
+    class Misnamed(HookServer):
+        observed_hooks = frozenset({"on_step_finish"})
+
+        async def on_step_finish(self, request: hooks_pb2.OnStepFinishRequest) -> None:
+            pass
+
+    class Missing(HookServer):
+        observed_hooks = frozenset({"before_turn"})
+
+        async def on_step_finish(self, request: hooks_pb2.OnStepFinishRequest) -> None:
+            pass
+
+    with pytest.raises(TypeError, match="on_step_finish is no deciding hook"):
+        Misnamed().servicer()
+    with pytest.raises(TypeError, match="before_turn is not implemented by Missing"):
+        Missing().servicer()

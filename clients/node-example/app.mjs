@@ -29,7 +29,10 @@ async function serveCommand({ listen, sidecar, journal: file }) {
   const client = new TurnwireClient({ address: sidecar });
   const served = await serve({
     listen,
-    hooks: hooks(createHooks({ journal, client, log: (line) => console.log(line) })),
+    // beforeStep only journals: observed, so the sidecar does not wait for it (hooks() option observe).
+    hooks: hooks(createHooks({ journal, client, log: (line) => console.log(line) }), {
+      observe: ['beforeStep'],
+    }),
     tools: journaled(journal),
   });
   console.log(`hooks and tools listening on ${served.address}`);

@@ -95,12 +95,14 @@ class RecordingHookServer(hooks_pb2_grpc.TurnHooksServiceServicer):
         reuse_hook_session: bool = False,
         hook_session_chunks: bool = False,
         answers_together: bool | None = None,
+        observed_hooks: Iterable[hooks_pb2.Hook.ValueType] = (),
     ) -> None:
         self.hooks = list(hooks)
         self.include_messages = include_messages
         self.hook_session = self.default_hook_session if hook_session is None else hook_session
         self.reuse_hook_session = reuse_hook_session
         self.hook_session_chunks = hook_session_chunks
+        self.observed_hooks = list(observed_hooks)
         self.answers_together = (
             self.default_answers_together if answers_together is None else answers_together
         )
@@ -148,6 +150,7 @@ class RecordingHookServer(hooks_pb2_grpc.TurnHooksServiceServicer):
             hook_session=self.hook_session,
             reuse_hook_session=self.reuse_hook_session,
             hook_session_chunks=self.hook_session_chunks,
+            observed_hooks=self.observed_hooks,
         )
         return await self._answer("GetHookSubscriptions", request, context, subscriptions)
 

@@ -37,6 +37,14 @@ type Hooks struct {
 	// IncludeMessages asks for the message history in BeforeTurn and
 	// BeforeStep requests (it can be large).
 	IncludeMessages bool
+	// Observe lists the deciding hooks whose handler only observes
+	// (Hook_HOOK_BEFORE_TURN, Hook_HOOK_BEFORE_STEP, Hook_HOOK_BEFORE_TOOL_CALL;
+	// hooks.proto, GetHookSubscriptionsResponse.observed_hooks): on HookSession
+	// the sidecar does not wait for their answers, and it ignores them. A
+	// change such a handler returns is answered as no change (logged once per
+	// hook); its error still fails the call. Register and Serve refuse
+	// another hook, or one whose handler is not set.
+	Observe []turnwirev1.Hook
 
 	// BeforeTurn changes the turn, once per attempt, before its first step.
 	BeforeTurn func(context.Context, *turnwirev1.BeforeTurnRequest) (*turnwirev1.BeforeTurnResponse, error)
@@ -86,6 +94,20 @@ func (h *Hooks) subscriptions() []turnwirev1.Hook {
 	for _, s := range set {
 		if s.on {
 			hooks = append(hooks, s.hook)
+		}
+	}
+	return hooks
+}
+
+// observed are the hooks of Observe, in the Hook enum's order.
+func (h *Hooks) observed() []turnwirev1.Hook {
+	var hooks []turnwirev1.Hook
+	for _, hook := range h.subscriptions() {
+		for _, observe := range h.Observe {
+			if hook == observe {
+				hooks = append(hooks, hook)
+				break
+			}
 		}
 	}
 	return hooks

@@ -254,11 +254,17 @@ func (b *lockedBuffer) String() string {
 	return b.buf.String()
 }
 
-func TestHookSessionDropsOnChunksEventsPastTheBound(t *testing.T) {
+// captureLog sends the log to a buffer until the test ends.
+func captureLog(t *testing.T) *lockedBuffer {
 	logged := &lockedBuffer{}
 	previous := log.Writer()
 	log.SetOutput(logged)
 	t.Cleanup(func() { log.SetOutput(previous) })
+	return logged
+}
+
+func TestHookSessionDropsOnChunksEventsPastTheBound(t *testing.T) {
+	logged := captureLog(t)
 	release := newGate()
 	read := make(chan []string, 1)
 	s := openSession(t, &kit.Hooks{OnChunks: func(_ context.Context, chunks *kit.Chunks) error {

@@ -3,12 +3,15 @@ package kit
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"log"
 	"sync"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	turnwirev1 "turnwire.dev/go/gen/turnwire/v1"
 )
@@ -22,10 +25,38 @@ type hooksService struct {
 	hooks Hooks
 }
 
+// newHooksService serves hooks, the handlers of hooks.Observe through
+// ignoreChanges. It fails when hooks set no handler, or when Observe lists a
+// hook that is not a deciding one or whose handler is not set.
+func newHooksService(hooks Hooks) (*hooksService, error) {
+	if len(hooks.subscriptions()) == 0 {
+		return nil, errors.New("kit: the Hooks set no handler")
+	}
+	s := &hooksService{hooks: hooks}
+	for _, hook := range hooks.Observe {
+		var set bool
+		switch hook {
+		case turnwirev1.Hook_HOOK_BEFORE_TURN:
+			set, s.hooks.BeforeTurn = hooks.BeforeTurn != nil, ignoreChanges("BeforeTurn", hooks.BeforeTurn)
+		case turnwirev1.Hook_HOOK_BEFORE_STEP:
+			set, s.hooks.BeforeStep = hooks.BeforeStep != nil, ignoreChanges("BeforeStep", hooks.BeforeStep)
+		case turnwirev1.Hook_HOOK_BEFORE_TOOL_CALL:
+			set, s.hooks.BeforeToolCall = hooks.BeforeToolCall != nil, ignoreChanges("BeforeToolCall", hooks.BeforeToolCall)
+		default:
+			return nil, fmt.Errorf("kit: Hooks.Observe lists %v, not a deciding hook (HOOK_BEFORE_TURN, HOOK_BEFORE_STEP, HOOK_BEFORE_TOOL_CALL)", hook)
+		}
+		if !set {
+			return nil, fmt.Errorf("kit: Hooks.Observe lists %v, whose handler is not set", hook)
+		}
+	}
+	return s, nil
+}
+
 func (s *hooksService) GetHookSubscriptions(context.Context, *turnwirev1.GetHookSubscriptionsRequest) (*turnwirev1.GetHookSubscriptionsResponse, error) {
 	return &turnwirev1.GetHookSubscriptionsResponse{
 		Hooks:           s.hooks.subscriptions(),
 		IncludeMessages: s.hooks.IncludeMessages,
+		ObservedHooks:   s.hooks.observed(),
 		HookSession:     true,
 		// Each session call's turn is taken from the call: streams may carry
 		// turns one after another.
@@ -60,6 +91,26 @@ func observe[Req any, Resp any](handler func(context.Context, Req) error) func(c
 	}
 	return func(ctx context.Context, request Req) (*Resp, error) {
 		return nil, handler(ctx, request)
+	}
+}
+
+// ignoreChanges adapts the handler (nil allowed) of a hook of Hooks.Observe:
+// the sidecar ignores its answer (hooks.proto, observed_hooks), so a change it
+// returns is answered as no change, and logged the first time. Its error
+// still fails the call.
+func ignoreChanges[Req any, Resp proto.Message](hook string, handler func(context.Context, Req) (Resp, error)) func(context.Context, Req) (Resp, error) {
+	if handler == nil {
+		return nil
+	}
+	var warn sync.Once
+	return func(ctx context.Context, request Req) (Resp, error) {
+		response, err := handler(ctx, request)
+		if err != nil || proto.Size(response) == 0 {
+			return response, err
+		}
+		warn.Do(func() { log.Printf("kit: %s is observed (Hooks.Observe): its answer is ignored", hook) })
+		var none Resp
+		return none, nil
 	}
 }
 

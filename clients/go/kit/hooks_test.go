@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	turnwirev1 "turnwire.dev/go/gen/turnwire/v1"
 	"turnwire.dev/go/kit"
@@ -101,6 +102,10 @@ func TestRegisterRefusesWhatCannotServe(t *testing.T) {
 	}{
 		{nil, nil, "no hooks and no tools"},
 		{&kit.Hooks{IncludeMessages: true}, nil, "set no handler"},
+		{&kit.Hooks{Observe: []turnwirev1.Hook{turnwirev1.Hook_HOOK_AFTER_TOOL_CALL}, AfterToolCall: func(context.Context, *turnwirev1.AfterToolCallRequest) error {
+			return nil
+		}}, nil, "HOOK_AFTER_TOOL_CALL, not a deciding hook"},
+		{&kit.Hooks{Observe: []turnwirev1.Hook{turnwirev1.Hook_HOOK_BEFORE_STEP}, BeforeTurn: failing}, nil, "HOOK_BEFORE_STEP, whose handler is not set"},
 		{nil, []kit.ToolDefinition{kit.Tool[struct{}, string]{Name: "a b", Run: run}}, `tool name "a b"`},
 		{nil, []kit.ToolDefinition{kit.Tool[struct{}, string]{Name: "a"}}, `tool "a" has no Run`},
 		{nil, []kit.ToolDefinition{
@@ -113,6 +118,80 @@ func TestRegisterRefusesWhatCannotServe(t *testing.T) {
 		err := kit.Register(grpc.NewServer(), c.hooks, c.tools...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("Register: %v; want an error with %q", err, c.want)
+		}
+	}
+}
+
+// An observed hook (Hooks.Observe; hooks.proto, observed_hooks) is listed as
+// such, and a change it returns is answered as no change, on the unary RPC
+// and on HookSession alike, logged once per hook; its error is still the
+// call's.
+func TestObservedHooksAnswerNoChange(t *testing.T) {
+	logged := captureLog(t)
+	hooks := &kit.Hooks{
+		// Out of the enum's order, one twice.
+		Observe: []turnwirev1.Hook{
+			turnwirev1.Hook_HOOK_BEFORE_TOOL_CALL, turnwirev1.Hook_HOOK_BEFORE_STEP, turnwirev1.Hook_HOOK_BEFORE_TOOL_CALL,
+		},
+		BeforeTurn: failing, // not observed: its change is answered
+		BeforeStep: func(_ context.Context, r *turnwirev1.BeforeStepRequest) (*turnwirev1.BeforeStepResponse, error) {
+			if r.GetSystem() == "fail" {
+				return nil, status.Error(codes.PermissionDenied, "not this step")
+			}
+			return &turnwirev1.BeforeStepResponse{System: ptr("")}, nil // a change, though empty text
+		},
+		BeforeToolCall: policy,
+	}
+	s := openSession(t, hooks)
+	subscriptions, err := s.client.GetHookSubscriptions(testContext(t), &turnwirev1.GetHookSubscriptionsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	subscribed := []turnwirev1.Hook{turnwirev1.Hook_HOOK_BEFORE_TURN, turnwirev1.Hook_HOOK_BEFORE_STEP, turnwirev1.Hook_HOOK_BEFORE_TOOL_CALL}
+	if observed := subscribed[1:]; !reflect.DeepEqual(subscriptions.GetHooks(), subscribed) || !reflect.DeepEqual(subscriptions.GetObservedHooks(), observed) {
+		t.Fatalf("subscriptions %v; want hooks %v, observed_hooks %v", subscriptions, subscribed, observed)
+	}
+
+	deleteCall := &turnwirev1.BeforeToolCallRequest{Call: &turnwirev1.ToolCallInfo{ToolName: "delete"}}
+	for i := 0; i < 2; i++ {
+		step, err := s.client.BeforeStep(testContext(t), &turnwirev1.BeforeStepRequest{})
+		if err != nil || proto.Size(step) != 0 {
+			t.Fatalf("the observed BeforeStep: %v, %v; want an empty response", step, err)
+		}
+		decision, err := s.client.BeforeToolCall(testContext(t), deleteCall)
+		if err != nil || proto.Size(decision) != 0 {
+			t.Fatalf("the observed BeforeToolCall: %v, %v; want an empty response", decision, err)
+		}
+	}
+	noDecision := &turnwirev1.BeforeToolCallRequest{Call: &turnwirev1.ToolCallInfo{ToolName: "other"}}
+	if decision, err := s.client.BeforeToolCall(testContext(t), noDecision); err != nil || proto.Size(decision) != 0 {
+		t.Fatalf("the observed BeforeToolCall answering nil: %v, %v; want an empty response", decision, err)
+	}
+	if _, err := s.client.BeforeStep(testContext(t), &turnwirev1.BeforeStepRequest{System: "fail"}); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("the observed BeforeStep failing: %v; want PermissionDenied", err)
+	}
+	if turn, err := s.client.BeforeTurn(testContext(t), &turnwirev1.BeforeTurnRequest{System: "hi"}); err != nil || turn.GetSystem() != "hi!" {
+		t.Fatalf("BeforeTurn: %v, %v; want its change", turn, err)
+	}
+
+	s.send(
+		&turnwirev1.HookCall{Id: 1, Hook: &turnwirev1.HookCall_BeforeStep{BeforeStep: &turnwirev1.BeforeStepRequest{}}},
+		&turnwirev1.HookCall{Id: 2, Hook: &turnwirev1.HookCall_BeforeToolCall{BeforeToolCall: deleteCall}},
+		&turnwirev1.HookCall{Id: 3, Hook: &turnwirev1.HookCall_BeforeStep{BeforeStep: &turnwirev1.BeforeStepRequest{System: "fail"}}},
+	)
+	if answer := s.next(1); answer.GetBeforeStep() == nil || proto.Size(answer.GetBeforeStep()) != 0 || answer.GetError() != nil {
+		t.Errorf("the observed BeforeStep on HookSession: %v; want an empty response", answer)
+	}
+	if answer := s.next(2); answer.GetBeforeToolCall() == nil || proto.Size(answer.GetBeforeToolCall()) != 0 || answer.GetError() != nil {
+		t.Errorf("the observed BeforeToolCall on HookSession: %v; want an empty response", answer)
+	}
+	if answer := s.next(3); codes.Code(answer.GetError().GetCode()) != codes.PermissionDenied {
+		t.Errorf("the observed BeforeStep failing on HookSession: %v; want a PermissionDenied error answer", answer)
+	}
+
+	for hook, want := range map[string]int{"BeforeStep": 1, "BeforeToolCall": 1, "BeforeTurn": 0} {
+		if n := strings.Count(logged.String(), "kit: "+hook+" is observed (Hooks.Observe): its answer is ignored"); n != want {
+			t.Errorf("%s's ignored answers were logged %d times; want %d: %q", hook, n, want, logged.String())
 		}
 	}
 }

@@ -22,15 +22,20 @@ const stopGrace = 5 * time.Second
 // Register adds to server turnwire.v1.TurnHooksService for hooks (unless nil)
 // and turnwire.v1.ToolExecutorService for tools (unless none), for a server
 // of your own (TLS credentials, interceptors, other services). It fails when
-// there is nothing to serve, a Hooks sets no handler, a tool's name is not
-// 1-64 of A-Z a-z 0-9 _ -, two tools share a name, or a tool's input is not a
-// JSON object type.
+// there is nothing to serve, a Hooks sets no handler or its Observe lists a
+// hook that is not a deciding one or whose handler is not set, a tool's name
+// is not 1-64 of A-Z a-z 0-9 _ -, two tools share a name, or a tool's input
+// is not a JSON object type.
 func Register(server *grpc.Server, hooks *Hooks, tools ...ToolDefinition) error {
 	if hooks == nil && len(tools) == 0 {
 		return errors.New("kit: no hooks and no tools to serve")
 	}
-	if hooks != nil && len(hooks.subscriptions()) == 0 {
-		return errors.New("kit: the Hooks set no handler")
+	var hooksServer *hooksService
+	if hooks != nil {
+		var err error
+		if hooksServer, err = newHooksService(*hooks); err != nil {
+			return err
+		}
 	}
 	var executor *toolsService
 	if len(tools) > 0 {
@@ -39,8 +44,8 @@ func Register(server *grpc.Server, hooks *Hooks, tools ...ToolDefinition) error 
 			return err
 		}
 	}
-	if hooks != nil {
-		turnwirev1.RegisterTurnHooksServiceServer(server, &hooksService{hooks: *hooks})
+	if hooksServer != nil {
+		turnwirev1.RegisterTurnHooksServiceServer(server, hooksServer)
 	}
 	if executor != nil {
 		turnwirev1.RegisterToolExecutorServiceServer(server, executor)

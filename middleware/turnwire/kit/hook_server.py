@@ -94,6 +94,11 @@ class HookServer:
 
     include_messages: ClassVar[bool] = False
     hook_session: ClassVar[bool] = True
+    observed_hooks: ClassVar[frozenset[str]] = frozenset()
+    """Deciding hooks of this class (``before_turn``, ``before_step``, ``before_tool_call``) that
+    only observe: the sidecar does not wait for them on ``HookSession`` and ignores their answer
+    (hooks.proto, ``GetHookSubscriptionsResponse.observed_hooks``); one that returns a change is
+    answered empty, with a warning."""
 
     async def before_turn(self, request: hooks_pb2.BeforeTurnRequest) -> hooks_pb2.BeforeTurnResponse | None:
         """Once per attempt of a turn, before its first step: change the turn."""
@@ -146,7 +151,9 @@ class HookServer:
         ]
 
     def servicer(self) -> hooks_pb2_grpc.TurnHooksServiceServicer:
-        """The ``TurnHooksService`` implementation that calls this server's hooks."""
+        """The ``TurnHooksService`` implementation that calls this server's hooks. Raises
+        ``TypeError`` when :attr:`observed_hooks` names a hook that is no deciding hook or that
+        this class does not implement."""
         return _Servicer(self)
 
 
@@ -172,6 +179,9 @@ HOOKS: dict[str, _Hook] = {
 }
 """Every hook of ``TurnHooksService``, keyed by the :class:`HookServer` method (and the
 ``HookCall``/``HookAnswer`` oneof field) that carries it, in ``Hook`` enum order."""
+
+OBSERVABLE = frozenset({"before_turn", "before_step", "before_tool_call"})
+"""The deciding hooks a server may only observe (``HookServer.observed_hooks``)."""
 
 
 _STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
@@ -213,7 +223,32 @@ class _Servicer(hooks_pb2_grpc.TurnHooksServiceServicer):
 
     def __init__(self, server: HookServer) -> None:
         self._server = server
-        self._on_chunks = hooks_pb2.HOOK_ON_CHUNKS in server.implemented_hooks()
+        implemented = server.implemented_hooks()
+        self._on_chunks = hooks_pb2.HOOK_ON_CHUNKS in implemented
+        wrong = set(server.observed_hooks) - OBSERVABLE
+        if wrong:
+            raise TypeError(
+                f"observed_hooks: {', '.join(sorted(wrong))} is no deciding hook"
+                f" ({', '.join(sorted(OBSERVABLE))})"
+            )
+        missing = [name for name in server.observed_hooks if HOOKS[name].hook not in implemented]
+        if missing:
+            raise TypeError(
+                f"observed_hooks: {', '.join(sorted(missing))} is not implemented by {type(server).__name__}"
+            )
+        self._observed = server.observed_hooks
+        self._warned: set[str] = set()  # observed hooks that answered a change, warned once
+
+    async def _run(self, name: str, request: Any) -> Any:
+        """Hook ``name``'s response (:func:`_call`); an observed hook's is emptied (its answer is
+        ignored by the sidecar, hooks.proto ``observed_hooks``)."""
+        response = await _call(self._server, name, request)
+        if name in self._observed and response.ByteSize():
+            if name not in self._warned:
+                self._warned.add(name)
+                logger.warning("hook %s is observed (observed_hooks): its answer is ignored", name)
+            return HOOKS[name].response()
+        return response
 
     async def GetHookSubscriptions(self, request: Any, context: Any) -> Any:
         return hooks_pb2.GetHookSubscriptionsResponse(
@@ -224,12 +259,13 @@ class _Servicer(hooks_pb2_grpc.TurnHooksServiceServicer):
             # one after another.
             reuse_hook_session=self._server.hook_session,
             hook_session_chunks=self._server.hook_session,
+            observed_hooks=[HOOKS[name].hook for name in HOOKS if name in self._observed],
         )
 
     async def _unary(self, name: str, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         calls.enter(calls.metadata_of(context.invocation_metadata()))
         try:
-            return await _call(self._server, name, request)
+            return await self._run(name, request)
         except _HookFailed as failure:
             await context.abort(_STATUS_CODES[failure.status.code], failure.status.message)
 
@@ -314,7 +350,7 @@ class _Servicer(hooks_pb2_grpc.TurnHooksServiceServicer):
             answer.on_chunks.SetInParent()
         else:
             try:
-                getattr(answer, name).CopyFrom(await _call(self._server, name, getattr(call, name)))
+                getattr(answer, name).CopyFrom(await self._run(name, getattr(call, name)))
             except _HookFailed as failure:
                 answer.error.CopyFrom(failure.status)
         return answer

@@ -90,6 +90,9 @@ HOOKS_BY_ENUM = {
 }
 """The ``Hook`` enum of GetHookSubscriptions → the chain's hook name (``OnChunks`` feeds ``on_chunk``)."""
 
+DECIDING_HOOKS = frozenset({"before_turn", "before_step", "before_tool_call"})
+"""The hooks a server may say it only observes (``GetHookSubscriptionsResponse.observed_hooks``)."""
+
 _NO_ANSWER = frozenset({"unavailable", "deadline_exceeded", "breaker_open"})
 """Failure kinds where no answer came (the server unreachable, too slow, its breaker open): a
 closed ``before_tool_call`` says its hook "was unavailable"; any other kind (an error status, an
@@ -141,6 +144,7 @@ class RemoteMiddleware(ChunkCalls, HookCalls, Middleware):
         self._streams: OrderedDict[str, ChunkStream | SessionChunks | None] = OrderedDict()
         self.hook_session = False
         self.session_chunks = False  # the turn's chunk batches go on its HookSession
+        self.observed: frozenset[str] = frozenset()  # deciding hooks the server only observes
         self._sessions = TurnSessions(settings.deadline_seconds, self._background)
         self._bound: dict[str, tuple[Any, Any]] = {}  # hook → its calls counter and duration histogram
 
@@ -182,13 +186,24 @@ class RemoteMiddleware(ChunkCalls, HookCalls, Middleware):
             self._subscribe(frozenset(self.settings.hooks), include_messages=False)
             return None
         self._subscribe(self._hooks_of(subscriptions), include_messages=subscriptions.include_messages)
-        self._session_options(subscriptions)
+        self._call_options(subscriptions)
         return None
 
-    def _session_options(self, subscriptions: hooks_pb2.GetHookSubscriptionsResponse) -> None:
+    def _call_options(self, subscriptions: hooks_pb2.GetHookSubscriptionsResponse) -> None:
+        """How the server's subscriptions say to call it: the ``HookSession`` options, and the
+        deciding hooks it only observes (``observed_hooks``: posted, never waited for)."""
         self.hook_session = subscriptions.hook_session and self.settings.hook_session
         self.session_chunks = self.hook_session and subscriptions.hook_session_chunks
         self._sessions.reuse = subscriptions.reuse_hook_session
+        observed = {HOOKS_BY_ENUM.get(value) for value in subscriptions.observed_hooks} & DECIDING_HOOKS
+        self.observed = frozenset(hook for hook in observed if hook is not None)
+        for hook in sorted(self.observed):
+            if self.settings.failure_mode.of(hook) == "closed":
+                log.warning(
+                    "hook server %s only observes %s: its failure mode is open, not the configured closed",
+                    self.server,
+                    hook,
+                )
 
     def _hooks_of(self, response: hooks_pb2.GetHookSubscriptionsResponse) -> frozenset[str]:
         hooks = set()
@@ -241,7 +256,7 @@ class RemoteMiddleware(ChunkCalls, HookCalls, Middleware):
                 ", ".join(sorted(added)),
             )
         self.subscribed = hooks & self._implemented
-        self._session_options(response)
+        self._call_options(response)
         configured = self.settings.include_messages
         self.include_messages = response.include_messages if configured is None else configured
 
@@ -369,8 +384,9 @@ class RemoteMiddleware(ChunkCalls, HookCalls, Middleware):
     # --- deciding hooks ---------------------------------------------------------------------
 
     async def before_turn(self, ctx: TurnContext) -> TurnConfig | None:
-        """Keep the turn's ``TurnInfo``; ``BeforeTurn`` when subscribed. Raises
-        :class:`RemoteHookUnavailable` when it fails closed."""
+        """Keep the turn's ``TurnInfo``; ``BeforeTurn`` when subscribed (posted and its answer
+        ignored when the server only observes it). Raises :class:`RemoteHookUnavailable` when it
+        fails closed."""
         info = convert.turn_info_of(ctx)
         self._turns[ctx.request_id] = info
         self._turns.move_to_end(ctx.request_id)
@@ -379,17 +395,24 @@ class RemoteMiddleware(ChunkCalls, HookCalls, Middleware):
         if "before_turn" not in self.subscribed:
             return None
         request = convert.before_turn_request(ctx, info, include_messages=self.include_messages)
+        if "before_turn" in self.observed:
+            await self._observe("before_turn", "BeforeTurn", request, ctx.request_id, post=True)
+            return None
         return await self._configure(
             "before_turn", "BeforeTurn", request, ctx.request_id, convert.turn_config
         )
 
     async def before_step(self, ctx: StepContext) -> StepConfig | None:
-        """``BeforeStep``. Raises :class:`RemoteHookUnavailable` when it fails closed."""
+        """``BeforeStep`` (posted and its answer ignored when the server only observes it). Raises
+        :class:`RemoteHookUnavailable` when it fails closed."""
         if "before_step" not in self.subscribed:
             return None
         request = convert.before_step_request(
             ctx, self._info(ctx.conversation_id, ctx.request_id), include_messages=self.include_messages
         )
+        if "before_step" in self.observed:
+            await self._observe("before_step", "BeforeStep", request, ctx.request_id, post=True)
+            return None
         return await self._configure(
             "before_step", "BeforeStep", request, ctx.request_id, convert.step_config
         )
@@ -408,12 +431,16 @@ class RemoteMiddleware(ChunkCalls, HookCalls, Middleware):
             return None
 
     async def before_tool_call(self, ctx: ToolCallContext) -> ToolCallDecision | None:
-        """``BeforeToolCall``; failing closed blocks the call, saying whether the policy hook was
+        """``BeforeToolCall`` (posted and its answer ignored when the server only observes it);
+        failing closed blocks the call, saying whether the policy hook was
         unavailable (unreachable, past its deadline, its breaker open) or failed (it answered an
         error or something unusable): docs/semantics.md §4, "Remote middleware"."""
         if "before_tool_call" not in self.subscribed:
             return None
         request = convert.before_tool_call_request(ctx, self._info(ctx.conversation_id, ctx.request_id))
+        if "before_tool_call" in self.observed:
+            await self._observe("before_tool_call", "BeforeToolCall", request, ctx.request_id, post=True)
+            return None
         try:
             return await self._call(
                 "before_tool_call", "BeforeToolCall", request, ctx.request_id, convert.tool_call_decision

@@ -90,6 +90,8 @@ func misbehave(ctx context.Context, turn *turnwirev1.TurnInfo, hook string) erro
 }
 
 var hooks = &kit.Hooks{
+	// before_step only observes: the sidecar does not wait for it on HookSession.
+	Observe: []turnwirev1.Hook{turnwirev1.Hook_HOOK_BEFORE_STEP},
 	BeforeTurn: func(ctx context.Context, r *turnwirev1.BeforeTurnRequest) (*turnwirev1.BeforeTurnResponse, error) {
 		records.write("before_turn", map[string]any{
 			"request_id": r.GetTurn().GetRequestId(), "system": r.GetSystem(), "attempt": r.GetTurn().GetAttempt(),
@@ -101,6 +103,12 @@ var hooks = &kit.Hooks{
 		if system, ok := controls(r.GetTurn())["system"].(string); ok {
 			return &turnwirev1.BeforeTurnResponse{System: &system}, nil
 		}
+		return nil, nil
+	},
+	BeforeStep: func(_ context.Context, r *turnwirev1.BeforeStepRequest) (*turnwirev1.BeforeStepResponse, error) {
+		records.write("before_step", map[string]any{
+			"request_id": r.GetTurn().GetRequestId(), "step_number": r.GetStepNumber(),
+		})
 		return nil, nil
 	},
 	BeforeToolCall: func(ctx context.Context, r *turnwirev1.BeforeToolCallRequest) (*turnwirev1.BeforeToolCallResponse, error) {

@@ -66,6 +66,11 @@ const hookServer = hooks({
     return typeof wanted === 'string' ? { system: wanted } : undefined;
   },
 
+  // Declared observed (`observe` below): the sidecar does not wait for it on HookSession.
+  beforeStep({ turn, stepNumber }) {
+    journal('before_step', { request_id: turn.requestId, step_number: stepNumber });
+  },
+
   async beforeToolCall({ turn, call }, { input, signal }) {
     journal('before_tool_call', { request_id: turn.requestId, tool_call_id: call.toolCallId, tool_name: call.toolName, input });
     if ((await misbehaved(turn, 'before_tool_call', signal)) || call.toolName !== 'echo') return undefined;
@@ -103,7 +108,7 @@ const hookServer = hooks({
   onChatResponse({ turn, outcome }) {
     journal('on_chat_response', { request_id: turn.requestId, outcome: TurnOutcome[outcome] });
   },
-});
+}, { observe: ['beforeStep'] });
 
 /** Every ExecuteTool's first record (SPEC.md §4). */
 function toolCall(input, context) {

@@ -61,6 +61,8 @@ async def _misbehave(controls: dict[str, Any], hook: str) -> None:
 class FixtureHooks(HookServer):
     """The hooks of SPEC.md §2."""
 
+    observed_hooks = frozenset({"before_step"})
+
     async def before_turn(self, request: hooks_pb2.BeforeTurnRequest) -> hooks_pb2.BeforeTurnResponse | None:
         journal.write(
             "before_turn",
@@ -73,6 +75,9 @@ class FixtureHooks(HookServer):
         await _misbehave(controls, "before_turn")
         system = controls.get("system")
         return hooks_pb2.BeforeTurnResponse(system=system) if isinstance(system, str) else None
+
+    async def before_step(self, request: hooks_pb2.BeforeStepRequest) -> None:
+        journal.write("before_step", request_id=request.turn.request_id, step_number=request.step_number)
 
     async def before_tool_call(
         self, request: hooks_pb2.BeforeToolCallRequest

@@ -121,10 +121,25 @@ const HOOKS: Record<HookName, { hook: Hook; rpc: string }> = {
   onChatError: { hook: Hook.ON_CHAT_ERROR, rpc: 'OnChatError' },
 };
 
+/** The deciding hooks a server may only observe (hooks.proto GetHookSubscriptionsResponse.observed_hooks). */
+export type ObservableHook = 'beforeTurn' | 'beforeStep' | 'beforeToolCall';
+const OBSERVABLE: readonly HookName[] = [
+  'beforeTurn',
+  'beforeStep',
+  'beforeToolCall',
+] satisfies ObservableHook[];
+
 /** Options of `hooks()`. */
 export interface HookOptions {
   /** Ask for the message history in BeforeTurn and BeforeStep requests (large; default false). */
   includeMessages?: boolean;
+  /**
+   * Deciding hooks you only observe, each with its handler (hooks.proto observed_hooks): on
+   * HookSession the sidecar does not wait for them; it ignores their answers (on unary RPCs too)
+   * and goes on when they fail. One that returns a change is answered empty all the same, with
+   * one warning per hook per process; a thrown error still fails the call.
+   */
+  observe?: readonly ObservableHook[];
 }
 
 /** A TurnHooksService ready to serve: `serve({hooks})`, or `server.addService(definition, implementation)`. */
@@ -157,12 +172,13 @@ export function substitute(output: KitJson): MessageInitShape<typeof BeforeToolC
 
 /**
  * A TurnHooksService from `handlers` (see HookHandlers). GetHookSubscriptions answers the hooks
- * present, `hook_session: true` and `hook_session_chunks: true`; every hook is served both as its
- * unary RPC (OnChunks: its client-streaming RPC) and on HookSession, where a stream's calls are
- * handled one at a time, in order, each answered as soon as it is done (OnChunks batches: see
- * `session`). Throws `TypeError` for a key that is no hook (a typo would silently never
- * be called) and for no handler at all (the sidecar would call nothing), as the Python and Go kits
- * refuse them.
+ * present, those of `options.observe` as `observed_hooks` (see HookOptions), `hook_session: true`
+ * and `hook_session_chunks: true`; every hook is served both as its unary RPC (OnChunks: its
+ * client-streaming RPC) and on HookSession, where a stream's calls are handled one at a time, in
+ * order, each answered as soon as it is done (OnChunks batches: see `session`). Throws
+ * `TypeError` for a key that is no hook (a typo would silently never be called), for no handler at
+ * all (the sidecar would call nothing), and for an `observe` entry that is no deciding hook or has
+ * no handler, as the Python and Go kits refuse them.
  */
 export function hooks(handlers: HookHandlers, options: HookOptions = {}): HookServer {
   const names = Object.keys(handlers).filter(
@@ -176,7 +192,16 @@ export function hooks(handlers: HookHandlers, options: HookOptions = {}): HookSe
     throw new TypeError(`hooks(): no handler given (one of ${Object.keys(HOOKS).join(', ')})`);
   }
   const present = names as HookName[];
+  const observed = new Set<HookName>(options.observe);
+  for (const name of observed) {
+    if (!OBSERVABLE.includes(name))
+      throw new TypeError(
+        `hooks(): observe: "${name}" is no deciding hook (one of ${OBSERVABLE.join(', ')})`,
+      );
+    if (!present.includes(name)) throw new TypeError(`hooks(): observe: "${name}" has no handler`);
+  }
   const subscriptions = present.map((name) => HOOKS[name].hook).sort((a, b) => a - b);
+  const observedHooks = [...observed].map((name) => HOOKS[name].hook).sort((a, b) => a - b);
   const implementation: grpc.UntypedServiceImplementation = {
     GetHookSubscriptions(
       _call: grpc.ServerUnaryCall<unknown, unknown>,
@@ -190,14 +215,15 @@ export function hooks(handlers: HookHandlers, options: HookOptions = {}): HookSe
         hookSessionChunks: true,
         // Each session call's turn is taken from the call: streams may carry turns one after another.
         reuseHookSession: true,
+        observedHooks,
       });
     },
     HookSession: (stream: grpc.ServerDuplexStream<HookSessionRequest, HookSessionResponse>) =>
-      session(handlers, stream),
+      session(handlers, observed, stream),
   };
   for (const name of present) {
     if (name === 'onChunks') implementation.OnChunks = chunks(handlers.onChunks!);
-    else implementation[HOOKS[name].rpc] = unary(handlers, name);
+    else implementation[HOOKS[name].rpc] = unary(handlers, observed, name);
   }
   return { subscriptions, definition: TURN_HOOKS_SERVICE, implementation };
 }
@@ -234,9 +260,18 @@ function completed(name: UnaryName, request: Record<string, unknown>): Record<st
   return request;
 }
 
-/** Runs handler `name` on one request; resolves with its response (an initializer, `{}` for none). */
+/** The observed hooks that returned a change, warned about (`run`). */
+const warned = new Set<HookName>();
+
+/**
+ * Runs handler `name` on one request; resolves with its response (an initializer, `{}` for none).
+ * An `observed` hook's is `{}` whatever it returned, as the sidecar ignores it (hooks.proto
+ * observed_hooks); a change (a member other than undefined) is warned about once per hook per
+ * process.
+ */
 async function run(
   handlers: HookHandlers,
+  observed: ReadonlySet<HookName>,
   name: UnaryName,
   request: unknown,
   context: HookContext,
@@ -247,7 +282,13 @@ async function run(
     name === 'beforeToolCall'
       ? withInput(context, (request as BeforeToolCallRequest).call?.inputJson)
       : context;
-  return ((await handler.call(handlers, request, full)) as object | undefined) ?? {};
+  const response = ((await handler.call(handlers, request, full)) as object | undefined) ?? {};
+  if (!observed.has(name)) return response;
+  if (Object.values(response).some((value) => value !== undefined) && !warned.has(name)) {
+    warned.add(name);
+    console.warn(`turnwire kit: hook ${name} is observed (hooks() option observe): its answer is ignored`);
+  }
+  return {};
 }
 
 function withInput(context: HookContext, inputJson = ''): BeforeToolCallContext {
@@ -258,9 +299,9 @@ function withInput(context: HookContext, inputJson = ''): BeforeToolCallContext 
   }) as BeforeToolCallContext;
 }
 
-function unary(handlers: HookHandlers, name: UnaryName) {
+function unary(handlers: HookHandlers, observed: ReadonlySet<HookName>, name: UnaryName) {
   return (call: grpc.ServerUnaryCall<unknown, unknown>, callback: grpc.sendUnaryData<unknown>) =>
-    answer(name, call, callback, (context) => run(handlers, name, call.request, context));
+    answer(name, call, callback, (context) => run(handlers, observed, name, call.request, context));
 }
 
 function chunks(handler: NonNullable<HookHandlers['onChunks']>) {
@@ -315,6 +356,7 @@ const MAX_WAITING_EVENTS = 4096;
  */
 function session(
   handlers: HookHandlers,
+  observed: ReadonlySet<HookName>,
   stream: grpc.ServerDuplexStream<HookSessionRequest, HookSessionResponse>,
 ) {
   const { signal, done } = callSignal(stream);
@@ -380,7 +422,7 @@ function session(
         : ({ id: call.id, hook: { case: name, value: {} } } as HookAnswer);
     }
     try {
-      const value = await run(handlers, name as UnaryName, call.hook.value, context);
+      const value = await run(handlers, observed, name as UnaryName, call.hook.value, context);
       return { id: call.id, hook: { case: name, value } } as HookAnswer;
     } catch (error) {
       return failed(call, hookFailure(name, error));

@@ -16,6 +16,7 @@ export type {
   HookHandlers,
   HookOptions,
   HookServer,
+  ObservableHook,
   OnChatErrorCall,
   OnChatResponseCall,
   OnStepFinishCall,

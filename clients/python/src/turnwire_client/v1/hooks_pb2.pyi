@@ -236,6 +236,7 @@ class GetHookSubscriptionsResponse(_message.Message):
     HOOK_SESSION_FIELD_NUMBER: _builtins.int
     REUSE_HOOK_SESSION_FIELD_NUMBER: _builtins.int
     HOOK_SESSION_CHUNKS_FIELD_NUMBER: _builtins.int
+    OBSERVED_HOOKS_FIELD_NUMBER: _builtins.int
     include_messages: _builtins.bool
     """Send the message history in BeforeTurn and BeforeStep contexts (it can be
     large; off unless asked for).
@@ -262,6 +263,17 @@ class GetHookSubscriptionsResponse(_message.Message):
     def hooks(self) -> _containers.RepeatedScalarFieldContainer[Global___Hook.ValueType]:
         """The hooks to call; the others are never called."""
 
+    @_builtins.property
+    def observed_hooks(self) -> _containers.RepeatedScalarFieldContainer[Global___Hook.ValueType]:
+        """Deciding hooks among `hooks` (HOOK_BEFORE_TURN, HOOK_BEFORE_STEP,
+        HOOK_BEFORE_TOOL_CALL) that the server only observes: it never changes
+        their outcome, so on HookSession the sidecar does not wait for their
+        answers (they are sent like AfterToolCall, with the turn's next call, in
+        order) and ignores what they answer; their failure mode is open whatever
+        the sidecar's config says. On unary RPCs they are called and awaited as
+        before, their answers ignored. Other hooks listed here are ignored.
+        """
+
     def __init__(
         self,
         *,
@@ -270,10 +282,11 @@ class GetHookSubscriptionsResponse(_message.Message):
         hook_session: _builtins.bool = ...,
         reuse_hook_session: _builtins.bool = ...,
         hook_session_chunks: _builtins.bool = ...,
+        observed_hooks: _abc.Iterable[Global___Hook.ValueType] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hook_session", b"hook_session", "hook_session_chunks", b"hook_session_chunks", "hooks", b"hooks", "include_messages", b"include_messages", "reuse_hook_session", b"reuse_hook_session"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hook_session", b"hook_session", "hook_session_chunks", b"hook_session_chunks", "hooks", b"hooks", "include_messages", b"include_messages", "observed_hooks", b"observed_hooks", "reuse_hook_session", b"reuse_hook_session"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

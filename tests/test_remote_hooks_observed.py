@@ -1,0 +1,84 @@
+"""Deciding hooks a hook server only observes (``GetHookSubscriptionsResponse.observed_hooks``):
+posted on the turn's ``HookSession`` instead of waited for, their answers ignored, their failure
+mode open (docs/semantics.md §4, remote middleware; hooks.proto)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+import pytest
+import test_remote_hooks
+from support.engine_harness import end_of, text_of
+from support.hook_server import RecordingHookServer, abort, serving
+from support.waiting import wait_until
+from test_remote_hooks import RemoteEngine, counters_from_here, metric  # noqa: F401 (a fixture)
+
+from turnwire_client.v1 import event_pb2, hooks_pb2
+
+remote_engine = test_remote_hooks.remote_engine  # the fixture
+
+BEFORE_STEP = [hooks_pb2.HOOK_BEFORE_STEP]
+
+
+def _change_the_step(request: Any, context: Any) -> hooks_pb2.BeforeStepResponse:
+    return hooks_pb2.BeforeStepResponse(system="changed by an observer", model="scripted:other")
+
+
+@pytest.mark.parametrize("hook_session", [True, False], ids=["session", "unary"])
+async def test_an_observed_hooks_answer_is_ignored(remote_engine: RemoteEngine, hook_session: bool) -> None:
+    server = RecordingHookServer(hook_session=hook_session, answers_together=True, observed_hooks=BEFORE_STEP)
+    server.answers["BeforeStep"] = _change_the_step
+    async with serving(server) as address:
+        harness, middleware = await remote_engine(address)
+        assert middleware.observed == {"before_step"}
+        end = end_of(await harness.run("check"))
+    assert end.status == event_pb2.TURN_STATUS_COMPLETED
+    assert text_of(end.message) == "Let me check.Done."  # the main model, as if nothing answered
+    assert all(r.system == "You are a helpful assistant." for r in harness.provider.requests)
+    assert server.count("BeforeStep") == 2
+    assert all(c.stream == hook_session for c in server.calls if c.rpc == "BeforeStep")
+
+
+async def test_on_hook_session_an_observed_hook_is_not_waited_for(remote_engine: RemoteEngine) -> None:
+    # The step's model call goes out while the server still holds BeforeStep's answer; the turn's
+    # end still waits for every answer (on_chat_response).
+    server = RecordingHookServer(hook_session=True, answers_together=True, observed_hooks=BEFORE_STEP)
+    release = asyncio.Event()
+
+    async def held(request: Any, context: Any) -> hooks_pb2.BeforeStepResponse:
+        await release.wait()
+        return hooks_pb2.BeforeStepResponse()
+
+    server.answers["BeforeStep"] = held
+    async with serving(server) as address:
+        harness, _ = await remote_engine(address, deadline_seconds=30)
+        turn = asyncio.create_task(harness.run("check"))
+        # The model is called while the server holds the answer (it gets the call with the turn's
+        # next call, or HOLD_SECONDS later).
+        await wait_until(lambda: harness.provider.calls >= 1 and server.count("BeforeStep") == 1)
+        assert not turn.done()
+        release.set()
+        assert end_of(await turn).status == event_pb2.TURN_STATUS_COMPLETED
+    assert server.rpcs(chunks=False)[-1] == "OnChatResponse"
+
+
+async def test_an_observed_hook_fails_open_whatever_its_configured_mode(remote_engine: RemoteEngine) -> None:
+    server = RecordingHookServer(hook_session=True, answers_together=True, observed_hooks=BEFORE_STEP)
+    server.answers["BeforeStep"] = abort(grpc.StatusCode.INTERNAL, "the observer broke")
+    async with serving(server) as address:
+        harness, _ = await remote_engine(address, failure_mode={"before_step": "closed"})
+        end = end_of(await harness.run("check"))
+    assert end.status == event_pb2.TURN_STATUS_COMPLETED
+    assert (
+        metric("turnwire_remote_hook_errors_total", server=address, hook="before_step", kind="internal") == 2
+    )
+
+
+async def test_only_deciding_hooks_can_be_observed(remote_engine: RemoteEngine) -> None:
+    observed = [hooks_pb2.HOOK_ON_STEP_FINISH, hooks_pb2.HOOK_BEFORE_TOOL_CALL, hooks_pb2.HOOK_BEFORE_TURN]
+    server = RecordingHookServer(hook_session=True, observed_hooks=observed)
+    async with serving(server) as address:
+        _, middleware = await remote_engine(address)
+    assert middleware.observed == {"before_tool_call", "before_turn"}
