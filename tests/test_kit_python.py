@@ -536,3 +536,37 @@ def test_observed_hooks_must_be_deciding_hooks_the_server_implements() -> None:
         Misnamed().servicer()
     with pytest.raises(TypeError, match="before_turn is not implemented by Missing"):
         Missing().servicer()
+
+
+def test_observed_hooks_of_the_wrong_shape_say_what_to_give() -> None:
+    # Fresh-user trial: a plain string was split into letters, the proto's enum values failed
+    # with an internal join error.
+    class AString(HookServer):
+        observed_hooks = "before_step"  # type: ignore[assignment]
+
+        async def before_step(self, request: hooks_pb2.BeforeStepRequest) -> None:
+            pass
+
+    class Enums(AString):
+        observed_hooks = frozenset({hooks_pb2.HOOK_BEFORE_STEP})  # type: ignore[assignment]
+
+    for server in (AString(), Enums()):
+        with pytest.raises(TypeError, match=r"give a set of hook method names, e\.g\. frozenset"):
+            server.servicer()
+
+
+def test_a_method_named_like_a_hook_that_is_none_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    class Misspelt(HookServer):
+        async def on_chunk(self, turn: Any, events: Any) -> None:  # the in-process hook's name
+            pass
+
+        async def on_chat_responce(self, request: Any) -> None:
+            pass
+
+        async def on_step_finish(self, request: hooks_pb2.OnStepFinishRequest) -> None:
+            pass
+
+    with caplog.at_level(logging.WARNING, logger="turnwire.kit"):
+        Misspelt().servicer()
+    warned = sorted(r.getMessage().split(" is no hook")[0] for r in caplog.records)
+    assert warned == ["Misspelt.on_chat_responce", "Misspelt.on_chunk"]

@@ -5,6 +5,7 @@ mode open (docs/semantics.md §4, remote middleware; hooks.proto)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import grpc
@@ -76,9 +77,18 @@ async def test_an_observed_hook_fails_open_whatever_its_configured_mode(remote_e
     )
 
 
-async def test_only_deciding_hooks_can_be_observed(remote_engine: RemoteEngine) -> None:
+async def test_only_deciding_hooks_can_be_observed_and_the_start_says_how_the_server_is_called(
+    remote_engine: RemoteEngine, caplog: pytest.LogCaptureFixture
+) -> None:
     observed = [hooks_pb2.HOOK_ON_STEP_FINISH, hooks_pb2.HOOK_BEFORE_TOOL_CALL, hooks_pb2.HOOK_BEFORE_TURN]
-    server = RecordingHookServer(hook_session=True, observed_hooks=observed)
+    server = RecordingHookServer(
+        hook_session=True, reuse_hook_session=True, hook_session_chunks=True, observed_hooks=observed
+    )
     async with serving(server) as address:
-        _, middleware = await remote_engine(address)
+        with caplog.at_level(logging.INFO, logger="turnwire.middleware"):
+            _, middleware = await remote_engine(address)
     assert middleware.observed == {"before_tool_call", "before_turn"}
+    assert (
+        f"hook server {address}: HookSession streams kept from turn to turn, chunk batches on them;"
+        " only observes before_tool_call, before_turn" in caplog.messages
+    )

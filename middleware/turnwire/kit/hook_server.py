@@ -28,6 +28,7 @@ message descriptor by type_url``).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -180,6 +181,23 @@ HOOKS: dict[str, _Hook] = {
 """Every hook of ``TurnHooksService``, keyed by the :class:`HookServer` method (and the
 ``HookCall``/``HookAnswer`` oneof field) that carries it, in ``Hook`` enum order."""
 
+_HOOK_PREFIXES = ("before_", "after_", "on_", "classify_")
+
+
+def _warn_near_misses(server: HookServer) -> None:
+    """Warn about coroutine methods named like a hook that is none (``on_chunk``, a misspelt
+    ``on_chat_responce``): never called, they are easy to miss (the TypeScript kit refuses them)."""
+    for name in dir(type(server)):
+        method = getattr(type(server), name)
+        if name.startswith(_HOOK_PREFIXES) and name not in HOOKS and inspect.iscoroutinefunction(method):
+            logger.warning(
+                "%s.%s is no hook of the kit (%s) and is never called",
+                type(server).__name__,
+                name,
+                ", ".join(HOOKS),
+            )
+
+
 OBSERVABLE = frozenset({"before_turn", "before_step", "before_tool_call"})
 """The deciding hooks a server may only observe (``HookServer.observed_hooks``)."""
 
@@ -225,7 +243,14 @@ class _Servicer(hooks_pb2_grpc.TurnHooksServiceServicer):
         self._server = server
         implemented = server.implemented_hooks()
         self._on_chunks = hooks_pb2.HOOK_ON_CHUNKS in implemented
-        wrong = set(server.observed_hooks) - OBSERVABLE
+        _warn_near_misses(server)
+        observed = server.observed_hooks
+        if isinstance(observed, str | bytes) or not all(isinstance(name, str) for name in observed):
+            raise TypeError(
+                f"observed_hooks: give a set of hook method names, e.g. frozenset({{'before_step'}}),"
+                f" not {observed!r}"
+            )
+        wrong = set(observed) - OBSERVABLE
         if wrong:
             raise TypeError(
                 f"observed_hooks: {', '.join(sorted(wrong))} is no deciding hook"

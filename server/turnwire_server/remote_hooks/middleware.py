@@ -197,6 +197,16 @@ class RemoteMiddleware(ChunkCalls, HookCalls, Middleware):
         self._sessions.reuse = subscriptions.reuse_hook_session
         observed = {HOOKS_BY_ENUM.get(value) for value in subscriptions.observed_hooks} & DECIDING_HOOKS
         self.observed = frozenset(hook for hook in observed if hook is not None)
+        path = "a unary RPC per call"
+        if self.hook_session:
+            path = "a HookSession per turn"
+            if self._sessions.reuse:
+                path = "HookSession streams kept from turn to turn"
+            path += ", chunk batches on them" if self.session_chunks else ""
+        observing = ", ".join(sorted(self.observed))
+        log.info(
+            "hook server %s: %s%s", self.server, path, f"; only observes {observing}" if observing else ""
+        )
         for hook in sorted(self.observed):
             if self.settings.failure_mode.of(hook) == "closed":
                 log.warning(
