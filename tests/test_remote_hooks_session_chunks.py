@@ -73,6 +73,8 @@ async def test_the_batches_ride_the_session_in_order_with_the_turns_other_calls(
     )
     assert metric("turnwire_remote_hook_calls_total", server=address, hook="on_chunk") == 1
     assert metric("turnwire_remote_hook_chunk_batches_total", server=address) == 3
+    # The server is told which step ends the turn, as an in-process on_step_finish is.
+    assert [c.request.last_step for c in server.calls if c.rpc == "OnStepFinish"] == [False, True]
 
 
 async def test_turn_end_waits_for_the_last_batchs_answer(remote_engine: RemoteEngine) -> None:

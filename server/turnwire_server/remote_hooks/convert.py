@@ -233,7 +233,7 @@ def after_tool_call_request(
 
 def step_finish_request(ctx: StepFinishContext, info: hooks_pb2.TurnInfo) -> hooks_pb2.OnStepFinishRequest:
     """``OnStepFinishRequest``: the step's summary, text, reasoning, tool calls with results,
-    sources and files, the budgets."""
+    sources and files, the budgets, and whether the turn's steps end with it."""
     return hooks_pb2.OnStepFinishRequest(
         turn=info,
         step=step_info(ctx),
@@ -246,6 +246,7 @@ def step_finish_request(ctx: StepFinishContext, info: hooks_pb2.TurnInfo) -> hoo
         sources=list(ctx.sources),
         files=list(ctx.files),
         budgets=budget_states(ctx.budgets),
+        last_step=ctx.last_step,
     )
 
 

@@ -1302,6 +1302,7 @@ class OnStepFinishRequest(_message.Message):
     SOURCES_FIELD_NUMBER: _builtins.int
     FILES_FIELD_NUMBER: _builtins.int
     BUDGETS_FIELD_NUMBER: _builtins.int
+    LAST_STEP_FIELD_NUMBER: _builtins.int
     text: _builtins.str
     """Its text."""
     reasoning_text: _builtins.str
@@ -1312,6 +1313,12 @@ class OnStepFinishRequest(_message.Message):
     """The provider's response id."""
     response_model: _builtins.str
     """The model that answered."""
+    last_step: _builtins.bool
+    """The turn's steps end with this one (no tool result to answer, a call
+    waiting for the client, stop_when, max_steps): docs/semantics.md §2,
+    `StepFinishContext.last_step`. A recovered attempt may still stream after
+    it (§5 stall recovery).
+    """
     @_builtins.property
     def turn(self) -> Global___TurnInfo:
         """The turn."""
@@ -1354,10 +1361,11 @@ class OnStepFinishRequest(_message.Message):
         sources: _abc.Iterable[_message_pb2.SourcePart] | None = ...,
         files: _abc.Iterable[_message_pb2.FilePart] | None = ...,
         budgets: _abc.Iterable[Global___BudgetState] | None = ...,
+        last_step: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["step", b"step", "turn", b"turn"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budgets", b"budgets", "files", b"files", "raw_finish_reason", b"raw_finish_reason", "reasoning_text", b"reasoning_text", "response_id", b"response_id", "response_model", b"response_model", "sources", b"sources", "step", b"step", "text", b"text", "tool_calls", b"tool_calls", "turn", b"turn"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budgets", b"budgets", "files", b"files", "last_step", b"last_step", "raw_finish_reason", b"raw_finish_reason", "reasoning_text", b"reasoning_text", "response_id", b"response_id", "response_model", b"response_model", "sources", b"sources", "step", b"step", "text", b"text", "tool_calls", b"tool_calls", "turn", b"turn"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
