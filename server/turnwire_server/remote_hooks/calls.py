@@ -15,7 +15,13 @@ import grpc
 
 from turnwire_server.remote_hooks import convert, metrics
 from turnwire_server.remote_hooks.breaker import CircuitBreaker
-from turnwire_server.remote_hooks.session import HookSession, SessionBroken, TurnSessions, failure_kind
+from turnwire_server.remote_hooks.session import (
+    HookSession,
+    SessionBroken,
+    TurnSessions,
+    failure_kind,
+    posted_due,
+)
 
 _T = TypeVar("_T")
 
@@ -133,9 +139,7 @@ class HookCalls:
         except SessionBroken:
             raise ResendUnary from None  # it broke before this call went out
         if post:
-            # An observing call's answer may come with the answer of the call written after it
-            # (hooks.proto, HookSessionRequest), which has a deadline of its own: due by then too.
-            remaining += self.settings.deadline_seconds
+            remaining = posted_due(remaining, self.settings.deadline_seconds)
         timer = session.expire_after(call_id, future, remaining)
         if post:
             done = functools.partial(

@@ -17,7 +17,7 @@ unary, so one stuck answer never holds the rest of the turn behind it.
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -99,6 +99,13 @@ def _encode(calls: list[bytes]) -> bytes:
     return b"".join(b"\x0a" + _varint(len(call)) + call for call in calls)
 
 
+def posted_due(remaining: float, deadline_seconds: float) -> float:
+    """Seconds until an observing (posted) call's unanswered state breaks the stream: what remains
+    of its deadline plus one more, since its answer may come with the answer of the awaited call
+    written after it, which has a deadline of its own (hooks.proto, HookSessionRequest)."""
+    return remaining + deadline_seconds
+
+
 HOLD_SECONDS = 0.05
 """An observing call waits at most this long for the turn's next call to be sent with it."""
 
@@ -131,8 +138,10 @@ class HookSession:
         self.in_step = True  # False once an answer named another hook than its call's
         self._next_id = 0
         self._pending: dict[int, tuple[str, asyncio.Future[Any]]] = {}
-        self._buffer: list[bytes] = []  # encoded calls not handed to the writer yet
-        self._awaited = 0  # how many of them are awaited (sent, not posted)
+        # Encoded calls not handed to the writer yet, as the requests they go in: an awaited call
+        # ends its request (_write). _open: the last request takes more calls.
+        self._requests: deque[list[bytes]] = deque()
+        self._open = False
         self._flush_timer: asyncio.TimerHandle | None = None
         self._writer: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # the writer and the half-close, kept alive
@@ -173,12 +182,11 @@ class HookSession:
         call_id = self._next_id
         future: asyncio.Future[Any] = self._loop.create_future()
         self._pending[call_id] = (rpc, future)
-        encoded = _encode_call(call_id, rpc, request, trace_context, self.request_id)
-        # An awaited call ends the request it goes in (below): b"" marks it, cut before writing.
-        self._buffer.append(encoded)
-        if awaited:
-            self._buffer.append(b"")
-            self._awaited += 1
+        if not self._open:
+            self._requests.append([])
+            self._open = True
+        self._requests[-1].append(_encode_call(call_id, rpc, request, trace_context, self.request_id))
+        self._open = not awaited
         return call_id, future
 
     def _flush(self) -> None:
@@ -186,7 +194,7 @@ class HookSession:
         if self._flush_timer is not None:
             self._flush_timer.cancel()
             self._flush_timer = None
-        if self._buffer and self.broken is None and (self._writer is None or self._writer.done()):
+        if self._requests and self.broken is None and (self._writer is None or self._writer.done()):
             self._writer = self._spawn(self._write())
 
     def _spawn(self, work: Any) -> asyncio.Task[None]:
@@ -196,18 +204,15 @@ class HookSession:
         return task
 
     async def _write(self) -> None:
-        # One write at a time (grpc's rule), each taking the calls buffered meanwhile up to and
-        # including the first awaited one, so the calls go out in the order of their ids and a
+        # One write at a time (grpc's rule), a request each: the calls buffered meanwhile up to
+        # and including the first awaited one, so the calls go out in the order of their ids and a
         # request holds at most one awaited call, its last: a server that answers a request's
         # calls together (hooks.proto, HookSessionRequest) never holds an awaited answer behind
-        # another call. The task ends once the buffer is empty (a later call starts another).
-        while self._buffer and self.broken is None:
-            if self._awaited:
-                cut = self._buffer.index(b"")
-                calls, self._buffer = self._buffer[:cut], self._buffer[cut + 1 :]
-                self._awaited -= 1
-            else:
-                calls, self._buffer = self._buffer, []
+        # another call. The task ends once nothing is buffered (a later call starts another).
+        while self._requests and self.broken is None:
+            calls = self._requests.popleft()
+            if not self._requests:
+                self._open = False  # the request taken was the last: a later call starts one
             try:
                 await self._call.write(calls)
             except asyncio.CancelledError:
@@ -237,8 +242,8 @@ class HookSession:
         if self._flush_timer is not None:
             self._flush_timer.cancel()
             self._flush_timer = None
-        self._buffer.clear()
-        self._awaited = 0
+        self._requests.clear()
+        self._open = False
         for _, future in list(self._pending.values()):
             if not future.done():
                 future.set_exception(self.broken)

@@ -21,7 +21,7 @@ from typing import Any
 
 from turnwire_client.v1 import event_pb2, hooks_pb2
 from turnwire_server.remote_hooks import metrics
-from turnwire_server.remote_hooks.session import HookSession, SessionBroken
+from turnwire_server.remote_hooks.session import HookSession, SessionBroken, posted_due
 
 RPC = "OnChunks"
 """The session's name for the calls (``session.FIELDS``)."""
@@ -32,10 +32,10 @@ class SessionChunks:
     :class:`~.chunks.ChunkStream`: :meth:`add`, :meth:`end`, :attr:`ended`, :meth:`close`).
 
     ``info`` goes in the first batch; ``trace_context()`` is each call's W3C context;
-    ``on_result(error, own)`` gets each batch's outcome (None: answered; ``own``: the error is
-    this batch's, not a stream broken by another call) so the caller counts it and feeds its
-    breaker. Nothing here waits: the turn's ``on_chat_response`` and the session's end wait for
-    the answers, in order with the turn's other calls."""
+    ``on_result(error)`` gets each batch's own outcome (None: answered; not called for a batch the
+    server never took, behind another call's deadline or on a stale kept stream) so the caller
+    counts it and feeds its breaker. Nothing here waits: the turn's ``on_chat_response`` and the
+    session's end wait for the answers, in order with the turn's other calls."""
 
     def __init__(
         self,
@@ -64,7 +64,6 @@ class SessionChunks:
         self._step = -1
         self._timer: asyncio.TimerHandle | None = None
         self._in_flight = 0  # events sent whose batch is not answered yet
-        self._failed = False
         self.ended = False
         """The last batch was sent (or the stream failed): later events are dropped, counted."""
 
@@ -76,7 +75,7 @@ class SessionChunks:
     def add(self, step_number: int, event: event_pb2.TurnEvent) -> None:
         """Buffer ``event`` (a ``step_start`` first when ``step_number`` is new); a full batch is
         sent now, else the batch's first event arms its ``max_delay_ms`` timer."""
-        if self.ended or self._failed:
+        if self.ended:
             metrics.CHUNK_EVENTS.labels(self._server, "dropped").inc()
             return
         if step_number != self._step:
@@ -101,7 +100,7 @@ class SessionChunks:
             self._fail(0)
             return
         events, self._events = self._events, []
-        if self._failed or (not events and not last):
+        if self.ended or (not events and not last):
             return
         if self._in_flight + len(events) > self._buffer_events:
             metrics.CHUNK_EVENTS.labels(self._server, "dropped").inc(len(events))
@@ -118,9 +117,7 @@ class SessionChunks:
             self._fail(len(events))
             return
         self._in_flight += len(events)
-        # Its answer may come with the answer of the call written after it (hooks.proto,
-        # HookSessionRequest): due within that call's deadline too.
-        timer = self._session.expire_after(call_id, future, 2 * self._deadline)
+        timer = self._session.expire_after(call_id, future, posted_due(self._deadline, self._deadline))
         future.add_done_callback(lambda done: self._answered(done, call_id, len(events), timer))
         metrics.CHUNK_BATCHES.labels(self._server).inc()
         metrics.CHUNK_EVENTS.labels(self._server, "sent").inc(len(events))
@@ -147,7 +144,6 @@ class SessionChunks:
         self._events = []
         if events:
             metrics.CHUNK_EVENTS.labels(self._server, "dropped").inc(events)
-        self._failed = True
         self.ended = True
         if self._timer is not None:
             self._timer.cancel()
