@@ -16,8 +16,9 @@ Measured per turn, one turn at a time, each on a new conversation:
 
 The hooks are the example's: BeforeTurn, BeforeStep, BeforeToolCall, AfterToolCall,
 OnStepFinish, OnChunks (batched) and OnChatResponse, so a remote turn makes 8 hook calls plus
-its chunk batches: on the ``HookSession`` stream (the Node kit sets ``hook_session_chunks``), or
-as 8 unary RPCs and an ``OnChunks`` call (the unary configuration).
+its chunk batches: on the ``HookSession`` stream (the Node kit sets ``hook_session_chunks``; the
+example observes BeforeStep and OnChatResponse, so on the stream a turn waits for neither), or
+as 8 unary RPCs and an ``OnChunks`` call (the unary configuration, which awaits every call).
 
     python bench/remote_hooks.py [--rounds 8] [--turns 25] [--json PATH]
 """

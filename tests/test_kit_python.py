@@ -519,6 +519,37 @@ async def test_an_observed_hooks_change_is_answered_empty_with_one_warning(
         await served.stop(0)
 
 
+class ObservingTheEnd(HookServer):
+    """Observes the turn's end hooks; its on_chat_error answers a change the kit empties."""
+
+    observed_hooks = frozenset({"on_chat_response", "on_chat_error"})
+
+    async def on_chat_response(self, request: hooks_pb2.OnChatResponseRequest) -> None:
+        pass
+
+    async def on_chat_error(self, request: hooks_pb2.OnChatErrorRequest) -> hooks_pb2.OnChatErrorResponse:
+        return hooks_pb2.OnChatErrorResponse(message="a change the sidecar would ignore")
+
+
+async def test_the_turns_end_hooks_may_be_observed(caplog: pytest.LogCaptureFixture) -> None:
+    served = await start(hooks=ObservingTheEnd())
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{served.port}") as channel:
+            stub = hooks_pb2_grpc.TurnHooksServiceStub(channel)
+            subscriptions = await stub.GetHookSubscriptions(hooks_pb2.GetHookSubscriptionsRequest())
+            ends = [hooks_pb2.HOOK_ON_CHAT_RESPONSE, hooks_pb2.HOOK_ON_CHAT_ERROR]
+            assert list(subscriptions.hooks) == ends
+            assert list(subscriptions.observed_hooks) == ends
+            with caplog.at_level(logging.WARNING, logger="turnwire.kit"):
+                for _ in range(2):
+                    answer = await stub.OnChatError(hooks_pb2.OnChatErrorRequest())
+                    assert answer == hooks_pb2.OnChatErrorResponse()
+            warnings = [r.getMessage() for r in caplog.records if "is observed" in r.getMessage()]
+            assert warnings == ["hook on_chat_error is observed (observed_hooks): its answer is ignored"]
+    finally:
+        await served.stop(0)
+
+
 def test_observed_hooks_must_be_deciding_hooks_the_server_implements() -> None:
     class Misnamed(HookServer):
         observed_hooks = frozenset({"on_step_finish"})
@@ -532,7 +563,7 @@ def test_observed_hooks_must_be_deciding_hooks_the_server_implements() -> None:
         async def on_step_finish(self, request: hooks_pb2.OnStepFinishRequest) -> None:
             pass
 
-    with pytest.raises(TypeError, match="on_step_finish is no deciding hook"):
+    with pytest.raises(TypeError, match="on_step_finish is not a hook you can observe"):
         Misnamed().servicer()
     with pytest.raises(TypeError, match="before_turn is not implemented by Missing"):
         Missing().servicer()

@@ -1,6 +1,7 @@
-"""Deciding hooks a hook server only observes (``GetHookSubscriptionsResponse.observed_hooks``):
-posted on the turn's ``HookSession`` instead of waited for, their answers ignored, their failure
-mode open (docs/semantics.md §4, remote middleware; hooks.proto)."""
+"""Hooks a hook server only observes (``GetHookSubscriptionsResponse.observed_hooks``): deciding
+hooks posted on the turn's ``HookSession`` instead of waited for, their answers ignored, their
+failure mode open; the turn's end hooks sent before ``TurnEnd``, which does not wait for their
+answers (docs/semantics.md §4, remote middleware; hooks.proto)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import test_remote_hooks
 from support.engine_harness import end_of, text_of
 from support.hook_server import RecordingHookServer, abort, serving
 from support.waiting import wait_until
-from test_remote_hooks import RemoteEngine, counters_from_here, metric  # noqa: F401 (a fixture)
+from test_remote_hooks import FAILING, RemoteEngine, counters_from_here, metric  # noqa: F401 (a fixture)
 
 from turnwire_client.v1 import event_pb2, hooks_pb2
 
@@ -77,18 +78,103 @@ async def test_an_observed_hook_fails_open_whatever_its_configured_mode(remote_e
     )
 
 
-async def test_only_deciding_hooks_can_be_observed_and_the_start_says_how_the_server_is_called(
+async def test_only_deciding_and_end_hooks_can_be_observed_and_the_start_says_how_the_server_is_called(
     remote_engine: RemoteEngine, caplog: pytest.LogCaptureFixture
 ) -> None:
-    observed = [hooks_pb2.HOOK_ON_STEP_FINISH, hooks_pb2.HOOK_BEFORE_TOOL_CALL, hooks_pb2.HOOK_BEFORE_TURN]
+    observed = [
+        hooks_pb2.HOOK_ON_STEP_FINISH,
+        hooks_pb2.HOOK_BEFORE_TOOL_CALL,
+        hooks_pb2.HOOK_BEFORE_TURN,
+        hooks_pb2.HOOK_ON_CHAT_RESPONSE,
+        hooks_pb2.HOOK_CLASSIFY_CHAT_ERROR,
+    ]
     server = RecordingHookServer(
         hook_session=True, reuse_hook_session=True, hook_session_chunks=True, observed_hooks=observed
     )
     async with serving(server) as address:
         with caplog.at_level(logging.INFO, logger="turnwire.middleware"):
             _, middleware = await remote_engine(address)
-    assert middleware.observed == {"before_tool_call", "before_turn"}
+    assert middleware.observed == {"before_tool_call", "before_turn", "on_chat_response"}
     assert (
         f"hook server {address}: HookSession streams kept from turn to turn, chunk batches on them;"
-        " only observes before_tool_call, before_turn" in caplog.messages
+        " only observes before_tool_call, before_turn, on_chat_response" in caplog.messages
     )
+
+
+def _held(release: asyncio.Event, answer: Any) -> Any:
+    async def held(request: Any, context: Any) -> Any:
+        await release.wait()
+        return answer
+
+    return held
+
+
+async def test_turn_end_does_not_wait_for_an_observed_on_chat_response(remote_engine: RemoteEngine) -> None:
+    # The server holds OnChatResponse's answer: the turn ends all the same, the call sent before
+    # its end (after the turn's other calls); the stream is kept once the answer comes, and the
+    # next turn is carried on it.
+    observed = [hooks_pb2.HOOK_ON_CHAT_RESPONSE]
+    server = RecordingHookServer(
+        hook_session=True, reuse_hook_session=True, answers_together=True, observed_hooks=observed
+    )
+    release = asyncio.Event()
+    server.answers["OnChatResponse"] = _held(release, hooks_pb2.OnChatResponseResponse())
+    async with serving(server) as address:
+        harness, middleware = await remote_engine(address, deadline_seconds=30)
+        end = end_of(await harness.run("check"))
+        assert end.status == event_pb2.TURN_STATUS_COMPLETED
+        await wait_until(lambda: server.count("OnChatResponse") == 1)  # sent, not answered
+        assert server.rpcs(chunks=False)[-1] == "OnChatResponse"
+        assert metric("turnwire_remote_hook_calls_total", server=address, hook="on_chat_response") == 1
+        assert not middleware._sessions._idle  # its answer is still due
+        release.set()
+        await wait_until(lambda: len(middleware._sessions._idle) == 1)
+        assert end_of(await harness.run("again")).status == event_pb2.TURN_STATUS_COMPLETED
+    assert server.sessions == 1  # the second turn took the kept stream
+    assert not metric("turnwire_remote_hook_errors_total", server=address, hook="on_chat_response")
+
+
+async def test_an_observed_on_chat_responses_failure_is_logged_and_counted_when_it_comes(
+    remote_engine: RemoteEngine,
+) -> None:
+    server = RecordingHookServer(
+        hook_session=True, answers_together=True, observed_hooks=[hooks_pb2.HOOK_ON_CHAT_RESPONSE]
+    )
+    server.answers["OnChatResponse"] = abort(grpc.StatusCode.INTERNAL, "the recorder broke")
+    async with serving(server) as address:
+        harness, _ = await remote_engine(address)
+        assert end_of(await harness.run("check")).status == event_pb2.TURN_STATUS_COMPLETED
+        await wait_until(
+            lambda: (
+                metric(
+                    "turnwire_remote_hook_errors_total",
+                    server=address,
+                    hook="on_chat_response",
+                    kind="internal",
+                )
+                == 1
+            )
+        )
+
+
+@pytest.mark.parametrize("hook_session", [True, False], ids=["session", "unary"])
+async def test_an_observed_on_chat_errors_answer_is_ignored(
+    remote_engine: RemoteEngine, hook_session: bool
+) -> None:
+    # On the stream the errored turn's end does not wait for the server (it holds its answer);
+    # on unary RPCs it is awaited; either way its change is ignored.
+    server = RecordingHookServer(
+        hook_session=hook_session, answers_together=True, observed_hooks=[hooks_pb2.HOOK_ON_CHAT_ERROR]
+    )
+    release = asyncio.Event()
+    if not hook_session:
+        release.set()
+    server.answers["OnChatError"] = _held(release, hooks_pb2.OnChatErrorResponse(message="Sorry."))
+    async with serving(server) as address:
+        harness, middleware = await remote_engine(address, scripts=FAILING, deadline_seconds=30)
+        assert middleware.observed == {"on_chat_error"}
+        end = end_of(await harness.run("go"))
+        assert end.status == event_pb2.TURN_STATUS_ERROR
+        assert "upstream exploded" in end.error.message  # not "Sorry."
+        assert server.count("OnChatError") == 1
+        release.set()

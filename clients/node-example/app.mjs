@@ -29,9 +29,10 @@ async function serveCommand({ listen, sidecar, journal: file }) {
   const client = new TurnwireClient({ address: sidecar });
   const served = await serve({
     listen,
-    // beforeStep only journals: observed, so the sidecar does not wait for it (hooks() option observe).
+    // beforeStep only journals and onChatResponse only records the finished turn: observed, so
+    // the sidecar waits for neither (hooks() option observe); the client gets TurnEnd meanwhile.
     hooks: hooks(createHooks({ journal, client, log: (line) => console.log(line) }), {
-      observe: ['beforeStep'],
+      observe: ['beforeStep', 'onChatResponse'],
     }),
     tools: journaled(journal),
   });

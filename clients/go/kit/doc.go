@@ -11,10 +11,13 @@
 //     picks, docs/hooks.md), by the same handler. OnChunks too: its RPC, or
 //     on HookSession a turn's batches (hook_session_chunks), fed to one
 //     handler call per turn. Errors and panics become the failed call the
-//     sidecar applies its failure mode to. Hooks.Observe declares the
-//     deciding hooks the server only observes (observed_hooks): the sidecar
-//     does not wait for them on HookSession and ignores their answers, and
-//     the kit answers a change their handler returns as no change.
+//     sidecar applies its failure mode to. Hooks.Observe declares the hooks
+//     the server only observes (observed_hooks): the sidecar does not wait
+//     for the deciding ones on HookSession and ignores their answers; for
+//     the end hooks (OnChatResponse, OnChatError) it sends TurnEnd without
+//     waiting for the server, which still gets their call, in order, after
+//     the turn's other calls. The kit answers a change an observed handler
+//     returns as no change.
 //   - turnwire.v1.ToolExecutorService: ListTools lists the tools with JSON
 //     Schemas derived from their Go input types and a new instance id per
 //     process; ExecuteTool decodes the input (integers exact), runs the tool

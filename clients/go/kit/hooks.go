@@ -37,13 +37,18 @@ type Hooks struct {
 	// IncludeMessages asks for the message history in BeforeTurn and
 	// BeforeStep requests (it can be large).
 	IncludeMessages bool
-	// Observe lists the deciding hooks whose handler only observes
-	// (Hook_HOOK_BEFORE_TURN, Hook_HOOK_BEFORE_STEP, Hook_HOOK_BEFORE_TOOL_CALL;
-	// hooks.proto, GetHookSubscriptionsResponse.observed_hooks): on HookSession
-	// the sidecar does not wait for their answers, and it ignores them. A
-	// change such a handler returns is answered as no change (logged once per
-	// hook); its error still fails the call. Register and Serve refuse
-	// another hook, or one whose handler is not set.
+	// Observe lists the hooks whose handler only observes (hooks.proto,
+	// GetHookSubscriptionsResponse.observed_hooks): the deciding hooks
+	// Hook_HOOK_BEFORE_TURN, Hook_HOOK_BEFORE_STEP, Hook_HOOK_BEFORE_TOOL_CALL,
+	// whose answers the sidecar does not wait for on HookSession and ignores,
+	// and the turn's end hooks Hook_HOOK_ON_CHAT_RESPONSE,
+	// Hook_HOOK_ON_CHAT_ERROR: on HookSession the sidecar still sends their
+	// call, in order after the turn's other calls, but sends the client
+	// TurnEnd without waiting for the server's answers, and ignores
+	// OnChatError's (the error surfaces as it was). A change such a handler
+	// returns is answered as no change (logged once per hook); its error still
+	// fails the call. Register and Serve refuse another hook, or one whose
+	// handler is not set.
 	Observe []turnwirev1.Hook
 
 	// BeforeTurn changes the turn, once per attempt, before its first step.

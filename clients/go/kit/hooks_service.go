@@ -26,8 +26,9 @@ type hooksService struct {
 }
 
 // newHooksService serves hooks, the handlers of hooks.Observe through
-// ignoreChanges. It fails when hooks set no handler, or when Observe lists a
-// hook that is not a deciding one or whose handler is not set.
+// ignoreChanges (OnChatResponse's handler answers nothing anyway). It fails
+// when hooks set no handler, or when Observe lists a hook that cannot be
+// observed or whose handler is not set.
 func newHooksService(hooks Hooks) (*hooksService, error) {
 	if len(hooks.subscriptions()) == 0 {
 		return nil, errors.New("kit: the Hooks set no handler")
@@ -42,8 +43,12 @@ func newHooksService(hooks Hooks) (*hooksService, error) {
 			set, s.hooks.BeforeStep = hooks.BeforeStep != nil, ignoreChanges("BeforeStep", hooks.BeforeStep)
 		case turnwirev1.Hook_HOOK_BEFORE_TOOL_CALL:
 			set, s.hooks.BeforeToolCall = hooks.BeforeToolCall != nil, ignoreChanges("BeforeToolCall", hooks.BeforeToolCall)
+		case turnwirev1.Hook_HOOK_ON_CHAT_RESPONSE:
+			set = hooks.OnChatResponse != nil
+		case turnwirev1.Hook_HOOK_ON_CHAT_ERROR:
+			set, s.hooks.OnChatError = hooks.OnChatError != nil, ignoreChanges("OnChatError", hooks.OnChatError)
 		default:
-			return nil, fmt.Errorf("kit: Hooks.Observe lists %v, not a deciding hook (HOOK_BEFORE_TURN, HOOK_BEFORE_STEP, HOOK_BEFORE_TOOL_CALL)", hook)
+			return nil, fmt.Errorf("kit: Hooks.Observe lists %v, not a hook you can observe (HOOK_BEFORE_TURN, HOOK_BEFORE_STEP, HOOK_BEFORE_TOOL_CALL, HOOK_ON_CHAT_RESPONSE, HOOK_ON_CHAT_ERROR)", hook)
 		}
 		if !set {
 			return nil, fmt.Errorf("kit: Hooks.Observe lists %v, whose handler is not set", hook)

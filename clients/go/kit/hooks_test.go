@@ -104,8 +104,13 @@ func TestRegisterRefusesWhatCannotServe(t *testing.T) {
 		{&kit.Hooks{IncludeMessages: true}, nil, "set no handler"},
 		{&kit.Hooks{Observe: []turnwirev1.Hook{turnwirev1.Hook_HOOK_AFTER_TOOL_CALL}, AfterToolCall: func(context.Context, *turnwirev1.AfterToolCallRequest) error {
 			return nil
-		}}, nil, "HOOK_AFTER_TOOL_CALL, not a deciding hook"},
+		}}, nil, "HOOK_AFTER_TOOL_CALL, not a hook you can observe (HOOK_BEFORE_TURN, HOOK_BEFORE_STEP, HOOK_BEFORE_TOOL_CALL, HOOK_ON_CHAT_RESPONSE, HOOK_ON_CHAT_ERROR)"},
+		{&kit.Hooks{Observe: []turnwirev1.Hook{turnwirev1.Hook_HOOK_CLASSIFY_CHAT_ERROR}, ClassifyChatError: func(context.Context, *turnwirev1.ClassifyChatErrorRequest) (turnwirev1.ChatErrorClassification, error) {
+			return 0, nil
+		}}, nil, "HOOK_CLASSIFY_CHAT_ERROR, not a hook you can observe"},
 		{&kit.Hooks{Observe: []turnwirev1.Hook{turnwirev1.Hook_HOOK_BEFORE_STEP}, BeforeTurn: failing}, nil, "HOOK_BEFORE_STEP, whose handler is not set"},
+		{&kit.Hooks{Observe: []turnwirev1.Hook{turnwirev1.Hook_HOOK_ON_CHAT_RESPONSE}, OnChatError: replaceError}, nil, "HOOK_ON_CHAT_RESPONSE, whose handler is not set"},
+		{&kit.Hooks{Observe: []turnwirev1.Hook{turnwirev1.Hook_HOOK_ON_CHAT_ERROR}, BeforeTurn: failing}, nil, "HOOK_ON_CHAT_ERROR, whose handler is not set"},
 		{nil, []kit.ToolDefinition{kit.Tool[struct{}, string]{Name: "a b", Run: run}}, `tool name "a b"`},
 		{nil, []kit.ToolDefinition{kit.Tool[struct{}, string]{Name: "a"}}, `tool "a" has no Run`},
 		{nil, []kit.ToolDefinition{
@@ -194,6 +199,82 @@ func TestObservedHooksAnswerNoChange(t *testing.T) {
 			t.Errorf("%s's ignored answers were logged %d times; want %d: %q", hook, n, want, logged.String())
 		}
 	}
+}
+
+// The turn's end hooks may be observed too (hooks.proto, observed_hooks):
+// they are declared as such, an observed OnChatError's change is answered as
+// no change (logged once), on the unary RPC and on HookSession alike, and its
+// error is still the call's; OnChatResponse is called as before.
+func TestObservedEndHooks(t *testing.T) {
+	logged := captureLog(t)
+	responses := make(chan string, 4)
+	hooks := &kit.Hooks{
+		Observe:    []turnwirev1.Hook{turnwirev1.Hook_HOOK_ON_CHAT_ERROR, turnwirev1.Hook_HOOK_ON_CHAT_RESPONSE},
+		BeforeTurn: failing, // not observed
+		OnChatResponse: func(_ context.Context, r *turnwirev1.OnChatResponseRequest) error {
+			responses <- r.GetTurn().GetRequestId()
+			return nil
+		},
+		OnChatError: replaceError,
+	}
+	s := openSession(t, hooks)
+	subscriptions, err := s.client.GetHookSubscriptions(testContext(t), &turnwirev1.GetHookSubscriptionsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if observed := []turnwirev1.Hook{turnwirev1.Hook_HOOK_ON_CHAT_RESPONSE, turnwirev1.Hook_HOOK_ON_CHAT_ERROR}; !reflect.DeepEqual(subscriptions.GetObservedHooks(), observed) {
+		t.Fatalf("observed_hooks %v; want %v", subscriptions.GetObservedHooks(), observed)
+	}
+
+	failure := &turnwirev1.OnChatErrorRequest{Failure: &turnwirev1.ChatErrorInfo{Stage: "step"}}
+	for i := 0; i < 2; i++ {
+		if answer, err := s.client.OnChatError(testContext(t), failure); err != nil || proto.Size(answer) != 0 {
+			t.Fatalf("the observed OnChatError: %v, %v; want an empty response", answer, err)
+		}
+	}
+	failed := &turnwirev1.OnChatErrorRequest{Failure: &turnwirev1.ChatErrorInfo{Stage: "fail"}}
+	if _, err := s.client.OnChatError(testContext(t), failed); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("the observed OnChatError failing: %v; want PermissionDenied", err)
+	}
+	if answer, err := s.client.OnChatResponse(testContext(t), &turnwirev1.OnChatResponseRequest{Turn: &turnwirev1.TurnInfo{RequestId: "r1"}}); err != nil || wait(t, responses, "OnChatResponse") != "r1" {
+		t.Fatalf("the observed OnChatResponse: %v, %v; want it called", answer, err)
+	}
+
+	s.send(
+		&turnwirev1.HookCall{Id: 1, Hook: &turnwirev1.HookCall_OnChatResponse{OnChatResponse: &turnwirev1.OnChatResponseRequest{Turn: &turnwirev1.TurnInfo{RequestId: "r2"}}}},
+		&turnwirev1.HookCall{Id: 2, Hook: &turnwirev1.HookCall_OnChatError{OnChatError: failure}},
+		&turnwirev1.HookCall{Id: 3, Hook: &turnwirev1.HookCall_OnChatError{OnChatError: failed}},
+	)
+	if answer := s.next(1); answer.GetOnChatResponse() == nil || answer.GetError() != nil || wait(t, responses, "OnChatResponse") != "r2" {
+		t.Errorf("the observed OnChatResponse on HookSession: %v; want it called and answered", answer)
+	}
+	if answer := s.next(2); answer.GetOnChatError() == nil || proto.Size(answer.GetOnChatError()) != 0 || answer.GetError() != nil {
+		t.Errorf("the observed OnChatError on HookSession: %v; want an empty response", answer)
+	}
+	if answer := s.next(3); codes.Code(answer.GetError().GetCode()) != codes.PermissionDenied {
+		t.Errorf("the observed OnChatError failing on HookSession: %v; want a PermissionDenied error answer", answer)
+	}
+
+	for hook, want := range map[string]int{"OnChatError": 1, "OnChatResponse": 0} {
+		if n := strings.Count(logged.String(), "kit: "+hook+" is observed (Hooks.Observe): its answer is ignored"); n != want {
+			t.Errorf("%s's ignored answers were logged %d times; want %d: %q", hook, n, want, logged.String())
+		}
+	}
+
+	// Not observed, the same handler's change is answered.
+	client := turnwirev1.NewTurnHooksServiceClient(serve(t, &kit.Hooks{OnChatError: replaceError}))
+	if answer, err := client.OnChatError(testContext(t), failure); err != nil || answer.GetMessage() != "step failed" {
+		t.Fatalf("OnChatError: %v, %v; want its change", answer, err)
+	}
+}
+
+// replaceError replaces the failed turn's message with its stage's, or fails
+// with PermissionDenied for the stage "fail".
+func replaceError(_ context.Context, r *turnwirev1.OnChatErrorRequest) (*turnwirev1.OnChatErrorResponse, error) {
+	if r.GetFailure().GetStage() == "fail" {
+		return nil, status.Error(codes.PermissionDenied, "not this error")
+	}
+	return &turnwirev1.OnChatErrorResponse{Message: ptr(r.GetFailure().GetStage() + " failed")}, nil
 }
 
 // policy blocks the tool "delete", rewrites "echo"'s text "secret", and

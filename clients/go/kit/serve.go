@@ -23,7 +23,7 @@ const stopGrace = 5 * time.Second
 // and turnwire.v1.ToolExecutorService for tools (unless none), for a server
 // of your own (TLS credentials, interceptors, other services). It fails when
 // there is nothing to serve, a Hooks sets no handler or its Observe lists a
-// hook that is not a deciding one or whose handler is not set, a tool's name
+// hook that cannot be observed or whose handler is not set, a tool's name
 // is not 1-64 of A-Z a-z 0-9 _ -, two tools share a name, or a tool's input
 // is not a JSON object type.
 func Register(server *grpc.Server, hooks *Hooks, tools ...ToolDefinition) error {

@@ -112,7 +112,7 @@ export function createHooks({ journal, client, log = () => {} }) {
       const outcomeName = `TURN_OUTCOME_${TurnOutcome[outcome]}`;
       journal.record({ rpc: 'OnChatResponse', ...ids(turn), outcome: outcomeName, text, tools });
       log(`turn ${turn.requestId} on ${turn.conversationId}: ${outcomeName}, tools [${tools.join(', ')}]: ${text}`);
-      // Not awaited: the sidecar waits for this hook's answer before it sends TurnEnd to the client.
+      // Not awaited: a server that does not observe this hook holds the client's TurnEnd until it answers.
       const followUp = turn.body?.follow_up;
       if (client && typeof followUp === 'string') startFollowUp(turn, followUp, parentRequestId);
     },

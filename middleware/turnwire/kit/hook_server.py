@@ -96,10 +96,12 @@ class HookServer:
     include_messages: ClassVar[bool] = False
     hook_session: ClassVar[bool] = True
     observed_hooks: ClassVar[frozenset[str]] = frozenset()
-    """Deciding hooks of this class (``before_turn``, ``before_step``, ``before_tool_call``) that
-    only observe: the sidecar does not wait for them on ``HookSession`` and ignores their answer
-    (hooks.proto, ``GetHookSubscriptionsResponse.observed_hooks``); one that returns a change is
-    answered empty, with a warning."""
+    """Hooks of this class that only observe, so a turn need not wait for them (hooks.proto,
+    ``GetHookSubscriptionsResponse.observed_hooks``): deciding hooks (``before_turn``,
+    ``before_step``, ``before_tool_call``), whose answers the sidecar ignores and does not wait
+    for on ``HookSession``, and the turn's end hooks (``on_chat_response``, ``on_chat_error``),
+    which it sends before ``TurnEnd`` and then sends ``TurnEnd`` without waiting for the answer
+    (``on_chat_error``'s ignored). One that returns a change is answered empty, with a warning."""
 
     async def before_turn(self, request: hooks_pb2.BeforeTurnRequest) -> hooks_pb2.BeforeTurnResponse | None:
         """Once per attempt of a turn, before its first step: change the turn."""
@@ -153,8 +155,8 @@ class HookServer:
 
     def servicer(self) -> hooks_pb2_grpc.TurnHooksServiceServicer:
         """The ``TurnHooksService`` implementation that calls this server's hooks. Raises
-        ``TypeError`` when :attr:`observed_hooks` names a hook that is no deciding hook or that
-        this class does not implement."""
+        ``TypeError`` when :attr:`observed_hooks` names a hook that cannot be observed (:data:`OBSERVABLE`)
+        or that this class does not implement."""
         return _Servicer(self)
 
 
@@ -198,8 +200,11 @@ def _warn_near_misses(server: HookServer) -> None:
             )
 
 
-OBSERVABLE = frozenset({"before_turn", "before_step", "before_tool_call"})
-"""The deciding hooks a server may only observe (``HookServer.observed_hooks``)."""
+OBSERVABLE = frozenset(
+    {"before_turn", "before_step", "before_tool_call", "on_chat_response", "on_chat_error"}
+)
+"""The hooks a server may only observe (``HookServer.observed_hooks``): the deciding ones and the
+turn's end hooks."""
 
 
 _STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
@@ -253,7 +258,7 @@ class _Servicer(hooks_pb2_grpc.TurnHooksServiceServicer):
         wrong = set(observed) - OBSERVABLE
         if wrong:
             raise TypeError(
-                f"observed_hooks: {', '.join(sorted(wrong))} is no deciding hook"
+                f"observed_hooks: {', '.join(sorted(wrong))} is not a hook you can observe"
                 f" ({', '.join(sorted(OBSERVABLE))})"
             )
         missing = [name for name in server.observed_hooks if HOOKS[name].hook not in implemented]

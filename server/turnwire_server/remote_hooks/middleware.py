@@ -71,7 +71,7 @@ from turnwire_server.remote_hooks.chunk_calls import ChunkCalls
 from turnwire_server.remote_hooks.chunks import ChunkStream, chunk_event
 from turnwire_server.remote_hooks.session import HookSession, TurnSessions
 from turnwire_server.remote_hooks.session_chunks import SessionChunks
-from turnwire_server.remote_hooks.settings import RemoteHookSettings
+from turnwire_server.remote_hooks.settings import DECIDING_HOOKS, RemoteHookSettings
 
 log = logging.getLogger("turnwire.middleware")
 
@@ -90,8 +90,12 @@ HOOKS_BY_ENUM = {
 }
 """The ``Hook`` enum of GetHookSubscriptions → the chain's hook name (``OnChunks`` feeds ``on_chunk``)."""
 
-DECIDING_HOOKS = frozenset({"before_turn", "before_step", "before_tool_call"})
-"""The hooks a server may say it only observes (``GetHookSubscriptionsResponse.observed_hooks``)."""
+END_HOOKS = frozenset({"on_chat_response", "on_chat_error"})
+"""The turn's end hooks: observed, the turn's ``TurnEnd`` does not wait for them."""
+
+OBSERVABLE_HOOKS = END_HOOKS.union(DECIDING_HOOKS)
+"""The hooks a server may say it only observes (``GetHookSubscriptionsResponse.observed_hooks``):
+the deciding ones (their answers ignored, not waited for) and the turn's end hooks."""
 
 _NO_ANSWER = frozenset({"unavailable", "deadline_exceeded", "breaker_open"})
 """Failure kinds where no answer came (the server unreachable, too slow, its breaker open): a
@@ -191,11 +195,15 @@ class RemoteMiddleware(ChunkCalls, HookCalls, Middleware):
 
     def _call_options(self, subscriptions: hooks_pb2.GetHookSubscriptionsResponse) -> None:
         """How the server's subscriptions say to call it: the ``HookSession`` options, and the
-        deciding hooks it only observes (``observed_hooks``: posted, never waited for)."""
+        hooks it only observes (``observed_hooks``: posted, never waited for)."""
         self.hook_session = subscriptions.hook_session and self.settings.hook_session
         self.session_chunks = self.hook_session and subscriptions.hook_session_chunks
         self._sessions.reuse = subscriptions.reuse_hook_session
-        observed = {HOOKS_BY_ENUM.get(value) for value in subscriptions.observed_hooks} & DECIDING_HOOKS
+        observed = (
+            {HOOKS_BY_ENUM.get(value) for value in subscriptions.observed_hooks}
+            & OBSERVABLE_HOOKS
+            & self.subscribed
+        )
         self.observed = frozenset(hook for hook in observed if hook is not None)
         path = "a unary RPC per call"
         if self.hook_session:
@@ -207,7 +215,7 @@ class RemoteMiddleware(ChunkCalls, HookCalls, Middleware):
         log.info(
             "hook server %s: %s%s", self.server, path, f"; only observes {observing}" if observing else ""
         )
-        for hook in sorted(self.observed):
+        for hook in sorted(self.observed.intersection(DECIDING_HOOKS)):
             if self.settings.failure_mode.of(hook) == "closed":
                 log.warning(
                     "hook server %s only observes %s: its failure mode is open, not the configured closed",
@@ -530,7 +538,9 @@ class RemoteMiddleware(ChunkCalls, HookCalls, Middleware):
         answered); forget the turn. All of it within one ``deadline_seconds`` from now: the
         turn's ``TurnEnd`` waits for it (docs/semantics.md §2 finish, §4 "Deadlines"), so what
         the ``OnChunks`` close takes is not left to ``OnChatResponse``, which fails at once
-        (``deadline_exceeded``, no RPC) when nothing is left."""
+        (``deadline_exceeded``, no RPC) when nothing is left. A server that observes
+        ``on_chat_response`` (§4 "Observed hooks") has it sent and its stream ended without the
+        turn waiting for the answers."""
         deadline = time.monotonic() + self.settings.deadline_seconds
         if self._streams:
             stream = self._streams.pop(ctx.request_id, None)
@@ -539,12 +549,27 @@ class RemoteMiddleware(ChunkCalls, HookCalls, Middleware):
         info = self._turns.pop(ctx.request_id, None) or convert.turn_info(
             ctx.conversation_id, ctx.request_id, continuation=ctx.continuation
         )
+        observed = "on_chat_response" in self.observed
         if "on_chat_response" in self.subscribed:
             request = convert.chat_response_request(ctx, info)
             await self._observe(
-                "on_chat_response", "OnChatResponse", request, ctx.request_id, deadline=deadline
+                "on_chat_response",
+                "OnChatResponse",
+                request,
+                ctx.request_id,
+                post=observed,
+                deadline=deadline,
             )
-        await self._sessions.close(ctx.request_id, wait_seconds=deadline - time.monotonic())
+        await self._end_session(ctx.request_id, deadline, later=observed)
+
+    async def _end_session(self, request_id: str, deadline: float, *, later: bool) -> None:
+        """End the turn's ``HookSession`` after its end hook, the answers still due waited for
+        until ``deadline`` (``time.monotonic()``): by the turn, or (``later``: the end hook is
+        observed) in the background."""
+        if later:
+            self._sessions.close_later(request_id, wait_seconds=deadline - time.monotonic())
+        else:
+            await self._sessions.close(request_id, wait_seconds=deadline - time.monotonic())
 
     async def classify_chat_error(self, ctx: ChatErrorContext) -> ChatErrorClassification | None:
         """``ClassifyChatError``; a failure counts as no classification."""
@@ -561,7 +586,9 @@ class RemoteMiddleware(ChunkCalls, HookCalls, Middleware):
 
     async def on_chat_error(self, ctx: ChatErrorContext) -> BaseException | str:
         """``OnChatError``: the error the client sees; a failure leaves it as it was. Ends the
-        turn's ``HookSession`` (a later ``on_chat_response`` of the turn is a unary RPC)."""
+        turn's ``HookSession`` (a later ``on_chat_response`` of the turn is a unary RPC). A server
+        that observes ``on_chat_error`` has it sent, its answer ignored and its stream ended
+        without the turn waiting (docs/semantics.md §4 "Observed hooks")."""
         if "on_chat_error" not in self.subscribed:
             return ctx.error
         deadline = time.monotonic() + self.settings.deadline_seconds  # the call and the stream's end
@@ -569,7 +596,13 @@ class RemoteMiddleware(ChunkCalls, HookCalls, Middleware):
         if type(chunks) is SessionChunks:
             chunks.end()  # the turn's last batch before the call that ends its stream
         request = hooks_pb2.OnChatErrorRequest(failure=self._failure(ctx))
+        observed = "on_chat_error" in self.observed
         try:
+            if observed:
+                await self._observe(
+                    "on_chat_error", "OnChatError", request, ctx.request_id, post=True, deadline=deadline
+                )
+                return ctx.error
             return await self._call(
                 "on_chat_error",
                 "OnChatError",
@@ -582,7 +615,7 @@ class RemoteMiddleware(ChunkCalls, HookCalls, Middleware):
             self._failed_open("on_chat_error", failure)
             return ctx.error
         finally:
-            await self._sessions.close(ctx.request_id, wait_seconds=deadline - time.monotonic())
+            await self._end_session(ctx.request_id, deadline, later=observed)
 
 
 _NO_TRACE: dict[str, str] = {}

@@ -156,9 +156,9 @@ class HookSession:
         what :meth:`send` returns; raises :class:`SessionBroken` likewise."""
         call_id, future = self._add(rpc, request, trace_context, awaited=False)
         if now:
-            self._flush()
+            self.flush()
         elif self._flush_timer is None:
-            self._flush_timer = self._loop.call_later(HOLD_SECONDS, self._flush)
+            self._flush_timer = self._loop.call_later(HOLD_SECONDS, self.flush)
         return call_id, future
 
     def send(
@@ -170,7 +170,7 @@ class HookSession:
         (the stream broke, its write included) or ``ValueError`` (an answer of another hook).
         Raises :class:`SessionBroken` when the stream is already broken."""
         call_id, future = self._add(rpc, request, trace_context, awaited=True)
-        self._flush()
+        self.flush()
         return call_id, future
 
     def _add(
@@ -189,7 +189,7 @@ class HookSession:
         self._open = not awaited
         return call_id, future
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
         """Hand the buffered calls to the writer task (started when none runs)."""
         if self._flush_timer is not None:
             self._flush_timer.cancel()
@@ -256,7 +256,7 @@ class HookSession:
         """Send the calls held and wait (at most ``wait_seconds``) for the turn's answers still
         due: True when the stream can carry another turn (every answer in, not broken). A cancel
         during the wait breaks the stream (its answers would be nobody's)."""
-        self._flush()
+        self.flush()
         if self.broken is not None:
             return False
         if self._pending:
@@ -458,15 +458,26 @@ class TurnSessions:
     async def close(self, request_id: str, *, wait_seconds: float | None = None) -> None:
         """End the turn's stream (after its last call), if it has one, waiting at most
         ``wait_seconds`` (default the deadline) for the answers still due."""
-        if self._by_turn:
-            session = self._by_turn.pop(request_id, None)
-            if session is None:
-                return
-            wait = self._deadline if wait_seconds is None else wait_seconds
-            if await session.finish_turn(wait):
-                self._keep(session)
-            else:
-                session.end(self._deadline)
+        session = self._by_turn.pop(request_id, None) if self._by_turn else None
+        if session is not None:
+            await self._finish(session, self._deadline if wait_seconds is None else wait_seconds)
+
+    def close_later(self, request_id: str, *, wait_seconds: float) -> None:
+        """:meth:`close` without the turn waiting (its end hooks are observed: hooks.proto
+        ``observed_hooks``): the calls held are written now, the answers still due waited for
+        (at most ``wait_seconds``) in the background, then the stream is kept or ended."""
+        session = self._by_turn.pop(request_id, None) if self._by_turn else None
+        if session is not None:
+            session.flush()
+            task = asyncio.get_running_loop().create_task(self._finish(session, wait_seconds))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _finish(self, session: HookSession, wait_seconds: float) -> None:
+        if await session.finish_turn(wait_seconds):
+            self._keep(session)
+        else:
+            session.end(self._deadline)
 
     def break_all(self) -> None:
         """The sidecar stops: cancel every stream, the kept ones too (and keep none after)."""

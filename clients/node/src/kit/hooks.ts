@@ -121,12 +121,18 @@ const HOOKS: Record<HookName, { hook: Hook; rpc: string }> = {
   onChatError: { hook: Hook.ON_CHAT_ERROR, rpc: 'OnChatError' },
 };
 
-/** The deciding hooks a server may only observe (hooks.proto GetHookSubscriptionsResponse.observed_hooks). */
-export type ObservableHook = 'beforeTurn' | 'beforeStep' | 'beforeToolCall';
+/**
+ * The hooks a server may only observe (hooks.proto GetHookSubscriptionsResponse.observed_hooks):
+ * the deciding hooks and the turn's end hooks.
+ */
+export type ObservableHook =
+  'beforeTurn' | 'beforeStep' | 'beforeToolCall' | 'onChatResponse' | 'onChatError';
 const OBSERVABLE: readonly HookName[] = [
   'beforeTurn',
   'beforeStep',
   'beforeToolCall',
+  'onChatResponse',
+  'onChatError',
 ] satisfies ObservableHook[];
 
 /** Options of `hooks()`. */
@@ -134,10 +140,14 @@ export interface HookOptions {
   /** Ask for the message history in BeforeTurn and BeforeStep requests (large; default false). */
   includeMessages?: boolean;
   /**
-   * Deciding hooks you only observe, each with its handler (hooks.proto observed_hooks): on
-   * HookSession the sidecar does not wait for them; it ignores their answers (on unary RPCs too)
-   * and goes on when they fail. One that returns a change is answered empty all the same, with
-   * one warning per hook per process; a thrown error still fails the call.
+   * Hooks you only observe, each with its handler (hooks.proto observed_hooks). Deciding hooks
+   * (beforeTurn, beforeStep, beforeToolCall): on HookSession the sidecar does not wait for them;
+   * it ignores their answers (on unary RPCs too) and goes on when they fail. The turn's end hooks
+   * (onChatResponse, onChatError): on HookSession the sidecar sends TurnEnd to the client without
+   * waiting for the server; the server still gets the call, in order, after the turn's other
+   * calls, and onChatError's answer is ignored (the error surfaces as it was). One that returns a
+   * change is answered empty all the same, with one warning per hook per process; a thrown error
+   * still fails the call.
    */
   observe?: readonly ObservableHook[];
 }
@@ -177,8 +187,9 @@ export function substitute(output: KitJson): MessageInitShape<typeof BeforeToolC
  * client-streaming RPC) and on HookSession, where a stream's calls are handled one at a time, in
  * order, each answered as soon as it is done (OnChunks batches: see `session`). Throws
  * `TypeError` for a key that is no hook (a typo would silently never be called), for no handler at
- * all (the sidecar would call nothing), and for an `observe` entry that is no deciding hook or has
- * no handler, as the Python and Go kits refuse them.
+ * all (the sidecar would call nothing), and for an `observe` entry that is no hook you can observe
+ * (a deciding hook, onChatResponse or onChatError) or has no handler, as the Python and Go kits
+ * refuse them.
  */
 export function hooks(handlers: HookHandlers, options: HookOptions = {}): HookServer {
   const names = Object.keys(handlers).filter(
@@ -196,7 +207,7 @@ export function hooks(handlers: HookHandlers, options: HookOptions = {}): HookSe
   for (const name of observed) {
     if (!OBSERVABLE.includes(name))
       throw new TypeError(
-        `hooks(): observe: "${name}" is no deciding hook (one of ${OBSERVABLE.join(', ')})`,
+        `hooks(): observe: "${name}" is not a hook you can observe (one of ${OBSERVABLE.join(', ')})`,
       );
     if (!present.includes(name)) throw new TypeError(`hooks(): observe: "${name}" has no handler`);
   }
@@ -266,8 +277,8 @@ const warned = new Set<HookName>();
 /**
  * Runs handler `name` on one request; resolves with its response (an initializer, `{}` for none).
  * An `observed` hook's is `{}` whatever it returned, as the sidecar ignores it (hooks.proto
- * observed_hooks); a change (a member other than undefined) is warned about once per hook per
- * process.
+ * observed_hooks); a change (a member other than undefined: onChatError's surfaced error too) is
+ * warned about once per hook per process.
  */
 async function run(
   handlers: HookHandlers,

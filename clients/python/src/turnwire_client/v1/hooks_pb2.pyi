@@ -265,13 +265,19 @@ class GetHookSubscriptionsResponse(_message.Message):
 
     @_builtins.property
     def observed_hooks(self) -> _containers.RepeatedScalarFieldContainer[Global___Hook.ValueType]:
-        """Deciding hooks among `hooks` (HOOK_BEFORE_TURN, HOOK_BEFORE_STEP,
-        HOOK_BEFORE_TOOL_CALL) that the server only observes: it never changes
-        their outcome, so on HookSession the sidecar does not wait for their
-        answers (they are sent like AfterToolCall, with the turn's next call, in
-        order) and ignores what they answer; their failure mode is open whatever
-        the sidecar's config says. On unary RPCs they are called and awaited as
-        before, their answers ignored. Other hooks listed here are ignored.
+        """Hooks among `hooks` that the server only observes, so a turn need not
+        wait for them. Deciding hooks (HOOK_BEFORE_TURN, HOOK_BEFORE_STEP,
+        HOOK_BEFORE_TOOL_CALL): the server never changes their outcome, so on
+        HookSession the sidecar does not wait for their answers (they are sent like
+        AfterToolCall, with the turn's next call, in order) and ignores what they
+        answer; their failure mode is open whatever the sidecar's config says.
+        The turn's end hooks (HOOK_ON_CHAT_RESPONSE, HOOK_ON_CHAT_ERROR): on
+        HookSession the sidecar sends the call, after the turn's other calls and
+        before the client gets TurnEnd, and sends TurnEnd without waiting for its
+        answer or the turn's other answers (they are logged and counted when they
+        come); OnChatError's answer is ignored (the error surfaces as it was). On
+        unary RPCs all of them are called and awaited as before, their answers
+        ignored. Other hooks listed here are ignored.
         """
 
     def __init__(
