@@ -179,7 +179,7 @@ breaking: setup
 
 ## stress: the stress, crash and fuzz suites at full size (make test runs them small).
 stress: setup
-	TURNWIRE_STRESS_SCALE=10 bash tools/with-postgres.sh $(PY) -m pytest -q tests/stress
+	TURNWIRE_STRESS_SCALE=10 bash tools/with-postgres.sh $(PY) -m pytest -q --timeout=7200 tests/stress
 
 ## bench: benchmarks (tables, no pass/fail).
 bench: setup
