@@ -178,3 +178,30 @@ async def test_an_observed_on_chat_errors_answer_is_ignored(
         assert "upstream exploded" in end.error.message  # not "Sorry."
         assert server.count("OnChatError") == 1
         release.set()
+
+
+@pytest.mark.parametrize("observed", [True, False], ids=["observed", "awaited"])
+async def test_a_server_of_on_chat_response_alone_is_not_waited_for_when_it_observes_it(
+    remote_engine: RemoteEngine, observed: bool
+) -> None:
+    # Fresh-user trial: its only hook never opened the turn's stream (one call is not worth one),
+    # so the observed call went as an awaited unary RPC and TurnEnd waited for it. Posted, it
+    # opens the stream (kept for the next turn); awaited, it stays a unary RPC.
+    end_only = [hooks_pb2.HOOK_ON_CHAT_RESPONSE]
+    server = RecordingHookServer(
+        end_only, hook_session=True, reuse_hook_session=True, observed_hooks=end_only if observed else ()
+    )
+    release = asyncio.Event()
+    if not observed:
+        release.set()
+    server.answers["OnChatResponse"] = _held(release, hooks_pb2.OnChatResponseResponse())
+    async with serving(server) as address:
+        harness, middleware = await remote_engine(address, deadline_seconds=30)
+        for prompt in ("check", "again"):
+            assert end_of(await harness.run(prompt)).status == event_pb2.TURN_STATUS_COMPLETED
+            release.set()  # the first turn ended while its answer was held
+            if observed:
+                await wait_until(lambda: len(middleware._sessions._idle) == 1)
+    assert server.count("OnChatResponse") == 2
+    assert [c.stream for c in server.calls if c.rpc == "OnChatResponse"] == [observed, observed]
+    assert server.sessions == (1 if observed else 0)

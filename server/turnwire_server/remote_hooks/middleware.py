@@ -356,7 +356,11 @@ class RemoteMiddleware(ChunkCalls, HookCalls, Middleware):
         assert self._stub is not None, "configure_session was not run"
         self._metrics(hook)[0].inc()
         started = time.perf_counter()
-        session = self._sessions.get(request_id, hook, self._open_session) if self.hook_session else None
+        session = (
+            self._sessions.get(request_id, hook, self._open_session, posted=post)
+            if self.hook_session
+            else None
+        )
         if session is not None:
             if self._streams:
                 chunks = self._streams.get(request_id)

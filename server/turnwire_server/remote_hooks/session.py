@@ -351,8 +351,9 @@ OPENING_HOOKS = frozenset(
     ("before_turn", "before_step", "before_tool_call", "after_tool_call", "on_step_finish", "on_chunk")
 )
 """Hooks that open a turn's stream (``on_chunk``: its batches, when they go on the stream); the
-others (``on_chat_response``, the error hooks) use the
-turn's stream when one is open, else a unary RPC (one call is not worth a stream)."""
+others (``on_chat_response``, the error hooks) use the turn's stream when one is open, else a
+unary RPC (one call is not worth a stream), unless the server observes them: a posted end hook
+opens one (kept for later turns), so the turn's end does not wait for it (:meth:`TurnSessions.get`)."""
 
 
 MAX_IDLE_SESSIONS = 16
@@ -387,16 +388,17 @@ class TurnSessions:
         self.reuse = False
 
     def get(
-        self, request_id: str, hook: str, open_session: Callable[[str], HookSession]
+        self, request_id: str, hook: str, open_session: Callable[[str], HookSession], *, posted: bool = False
     ) -> HookSession | None:
-        """The turn's open stream (opened now with ``open_session`` for an opening ``hook``), or
-        None: the call is a unary RPC."""
+        """The turn's open stream (opened now with ``open_session`` for an opening ``hook``, or
+        for a ``posted`` call: posted on a stream, it is not waited for, as on a unary RPC it
+        would be), or None: the call is a unary RPC."""
         if request_id in self._by_turn:
             session = self._by_turn[request_id]
             if session is not None and session.broken is not None:
                 self._by_turn[request_id] = session = None
             return session
-        if hook not in OPENING_HOOKS:
+        if hook not in OPENING_HOOKS and not posted:
             return None
         session = self._take_idle(request_id) or open_session(request_id)
         self._by_turn[request_id] = session
