@@ -205,3 +205,29 @@ async def test_a_server_of_on_chat_response_alone_is_not_waited_for_when_it_obse
     assert server.count("OnChatResponse") == 2
     assert [c.stream for c in server.calls if c.rpc == "OnChatResponse"] == [observed, observed]
     assert server.sessions == (1 if observed else 0)
+
+
+async def test_closing_the_middleware_lets_an_ended_turns_observed_call_be_answered(
+    remote_engine: RemoteEngine,
+) -> None:
+    # Stopping the sidecar must not cut off an OnChatResponse the server is still handling (an
+    # awaited one would have held its turn, which the drain waits for).
+    end_only = [hooks_pb2.HOOK_ON_CHAT_RESPONSE]
+    server = RecordingHookServer(
+        end_only, hook_session=True, reuse_hook_session=True, observed_hooks=end_only
+    )
+    release = asyncio.Event()
+    server.answers["OnChatResponse"] = _held(release, hooks_pb2.OnChatResponseResponse())
+    async with serving(server) as address:
+        harness, middleware = await remote_engine(address, deadline_seconds=30)
+        assert end_of(await harness.run("check")).status == event_pb2.TURN_STATUS_COMPLETED
+        await wait_until(lambda: server.count("OnChatResponse") == 1)
+        closing = asyncio.create_task(middleware.aclose())
+        # It waits for the held answer (closing at once, it would be done well within this).
+        done, _ = await asyncio.wait([closing], timeout=0.5)
+        assert not done
+        release.set()
+        await closing
+    # Answered on its stream: not broken by the close (an error counted), nor sent again.
+    assert not metric("turnwire_remote_hook_errors_total", server=address, hook="on_chat_response")
+    assert [c.stream for c in server.calls if c.rpc == "OnChatResponse"] == [True]

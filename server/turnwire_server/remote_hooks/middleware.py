@@ -279,11 +279,16 @@ class RemoteMiddleware(ChunkCalls, HookCalls, Middleware):
         self.include_messages = response.include_messages if configured is None else configured
 
     async def aclose(self) -> None:
-        """Close the open ``OnChunks`` and ``HookSession`` calls and the channel."""
-        # Every stream ended before the first wait: a cancel during the waits leaves none open.
-        closing = [s.close() for s in self._streams.values() if s is not None]
-        self._streams.clear()
-        self._sessions.break_all()
+        """Close the open ``OnChunks`` and ``HookSession`` calls and the channel, once the
+        streams of ended turns whose end hooks the server observes took their answers (each
+        within its deadline)."""
+        try:
+            await self._sessions.finish_ended()
+        finally:
+            # Every stream ended before the next wait: a cancel during the waits leaves none open.
+            closing = [s.close() for s in self._streams.values() if s is not None]
+            self._streams.clear()
+            self._sessions.break_all()
         await asyncio.gather(*closing)
         if self._channel is not None:
             await self._channel.close()

@@ -384,6 +384,7 @@ class TurnSessions:
         self._by_turn: OrderedDict[str, HookSession | None] = OrderedDict()
         # Kept streams, the most recently kept last, each with the timer that ends it when idle.
         self._idle: OrderedDict[HookSession, asyncio.TimerHandle] = OrderedDict()
+        self._finishing: set[asyncio.Task[None]] = set()  # ended turns' streams taking their answers
         self._stopped = False
         self.reuse = False
 
@@ -472,8 +473,15 @@ class TurnSessions:
         if session is not None:
             session.flush()
             task = asyncio.get_running_loop().create_task(self._finish(session, wait_seconds))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._finishing.add(task)
+            task.add_done_callback(self._finishing.discard)
+
+    async def finish_ended(self) -> None:
+        """Wait for the streams of turns already ended (:meth:`close_later`) to take their
+        answers, each within its deadline, so stopping does not cut off a call the server is
+        handling (an awaited one would have held its turn, which the drain waits for)."""
+        if self._finishing:
+            await asyncio.wait(list(self._finishing))
 
     async def _finish(self, session: HookSession, wait_seconds: float) -> None:
         if await session.finish_turn(wait_seconds):
