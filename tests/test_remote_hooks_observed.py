@@ -13,7 +13,7 @@ import grpc
 import pytest
 import test_remote_hooks
 from support.engine_harness import end_of, text_of
-from support.hook_server import RecordingHookServer, abort, serving
+from support.hook_server import RecordingHookServer, abort, held, serving
 from support.waiting import wait_until
 from test_remote_hooks import FAILING, RemoteEngine, counters_from_here, metric  # noqa: F401 (a fixture)
 
@@ -48,12 +48,7 @@ async def test_on_hook_session_an_observed_hook_is_not_waited_for(remote_engine:
     # end still waits for every answer (on_chat_response).
     server = RecordingHookServer(hook_session=True, answers_together=True, observed_hooks=BEFORE_STEP)
     release = asyncio.Event()
-
-    async def held(request: Any, context: Any) -> hooks_pb2.BeforeStepResponse:
-        await release.wait()
-        return hooks_pb2.BeforeStepResponse()
-
-    server.answers["BeforeStep"] = held
+    server.answers["BeforeStep"] = held(release, hooks_pb2.BeforeStepResponse())
     async with serving(server) as address:
         harness, _ = await remote_engine(address, deadline_seconds=30)
         turn = asyncio.create_task(harness.run("check"))
@@ -101,14 +96,6 @@ async def test_only_deciding_and_end_hooks_can_be_observed_and_the_start_says_ho
     )
 
 
-def _held(release: asyncio.Event, answer: Any) -> Any:
-    async def held(request: Any, context: Any) -> Any:
-        await release.wait()
-        return answer
-
-    return held
-
-
 async def test_turn_end_does_not_wait_for_an_observed_on_chat_response(remote_engine: RemoteEngine) -> None:
     # The server holds OnChatResponse's answer: the turn ends all the same, the call sent before
     # its end (after the turn's other calls); the stream is kept once the answer comes, and the
@@ -118,7 +105,7 @@ async def test_turn_end_does_not_wait_for_an_observed_on_chat_response(remote_en
         hook_session=True, reuse_hook_session=True, answers_together=True, observed_hooks=observed
     )
     release = asyncio.Event()
-    server.answers["OnChatResponse"] = _held(release, hooks_pb2.OnChatResponseResponse())
+    server.answers["OnChatResponse"] = held(release, hooks_pb2.OnChatResponseResponse())
     async with serving(server) as address:
         harness, middleware = await remote_engine(address, deadline_seconds=30)
         end = end_of(await harness.run("check"))
@@ -169,7 +156,7 @@ async def test_an_observed_on_chat_errors_answer_is_ignored(
     release = asyncio.Event()
     if not hook_session:
         release.set()
-    server.answers["OnChatError"] = _held(release, hooks_pb2.OnChatErrorResponse(message="Sorry."))
+    server.answers["OnChatError"] = held(release, hooks_pb2.OnChatErrorResponse(message="Sorry."))
     async with serving(server) as address:
         harness, middleware = await remote_engine(address, scripts=FAILING, deadline_seconds=30)
         assert middleware.observed == {"on_chat_error"}
@@ -194,7 +181,7 @@ async def test_a_server_of_on_chat_response_alone_is_not_waited_for_when_it_obse
     release = asyncio.Event()
     if not observed:
         release.set()
-    server.answers["OnChatResponse"] = _held(release, hooks_pb2.OnChatResponseResponse())
+    server.answers["OnChatResponse"] = held(release, hooks_pb2.OnChatResponseResponse())
     async with serving(server) as address:
         harness, middleware = await remote_engine(address, deadline_seconds=30)
         for prompt in ("check", "again"):
@@ -217,7 +204,7 @@ async def test_closing_the_middleware_lets_an_ended_turns_observed_call_be_answe
         end_only, hook_session=True, reuse_hook_session=True, observed_hooks=end_only
     )
     release = asyncio.Event()
-    server.answers["OnChatResponse"] = _held(release, hooks_pb2.OnChatResponseResponse())
+    server.answers["OnChatResponse"] = held(release, hooks_pb2.OnChatResponseResponse())
     async with serving(server) as address:
         harness, middleware = await remote_engine(address, deadline_seconds=30)
         assert end_of(await harness.run("check")).status == event_pb2.TURN_STATUS_COMPLETED

@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 import pytest
 from support.engine_harness import MODEL, EngineFactory, collect, end_of
-from support.hook_server import RecordingHookServer, abort, serving, sleep_forever
+from support.hook_server import RecordingHookServer, abort, held, serving, sleep_forever
 from support.traces import memory_tracing, traceparent_of
 from support.waiting import wait_until
 from test_remote_hooks import *  # noqa: F403  # every test of the unary path, collected again here
@@ -134,13 +134,8 @@ async def test_concurrent_turns_get_streams_of_their_own_and_the_idle_ones_are_b
     # one); at their ends at most MAX_IDLE_SESSIONS stay open, the others are half-closed.
     monkeypatch.setattr(session_module, "MAX_IDLE_SESSIONS", 2)
     server = RecordingHookServer(reuse_hook_session=True)
-    gate = asyncio.Event()
-
-    async def held(request: Any, context: Any) -> Any:
-        await gate.wait()  # every turn is inside its first call before any goes on
-        return hooks_pb2.BeforeTurnResponse()
-
-    server.answers["BeforeTurn"] = held
+    gate = asyncio.Event()  # every turn is inside its first call before any goes on
+    server.answers["BeforeTurn"] = held(gate, hooks_pb2.BeforeTurnResponse())
     async with serving(server) as address:
         harness, _ = await remote_engine(address)
         turns = [

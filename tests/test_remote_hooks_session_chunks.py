@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 import test_remote_hooks
 from support.engine_harness import end_of, text_of
-from support.hook_server import RecordingHookServer, abort, serving
+from support.hook_server import RecordingHookServer, abort, held, serving
 from support.waiting import wait_until
 from test_remote_hooks import LONG_TEXT, RemoteEngine, counters_from_here, metric  # noqa: F401 (a fixture)
 
@@ -106,12 +106,7 @@ async def test_full_batches_go_at_once_and_unanswered_events_past_the_buffer_are
     # of the turn's events are dropped and counted, and the turn is not slowed by them.
     server = _server(hooks_pb2.HOOK_ON_CHUNKS)
     release = asyncio.Event()
-
-    async def answer(request: hooks_pb2.OnChunksRequest, context: Any) -> hooks_pb2.OnChunksResponse:
-        await release.wait()
-        return hooks_pb2.OnChunksResponse()
-
-    server.answers["OnChunks"] = answer
+    server.answers["OnChunks"] = held(release, hooks_pb2.OnChunksResponse())
     async with serving(server) as address:
         harness, _ = await remote_engine(
             address,

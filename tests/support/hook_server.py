@@ -67,6 +67,16 @@ async def sleep_forever(request: Any, context: grpc.aio.ServicerContext[Any, Any
     await asyncio.Event().wait()
 
 
+def held(release: asyncio.Event, answer: Any) -> Answer:
+    """An answer (``answer``) given once ``release`` is set."""
+
+    async def held_answer(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        await release.wait()
+        return answer
+
+    return held_answer
+
+
 def abort(code: grpc.StatusCode, details: str = "refused by the test") -> Answer:
     """An answer that fails the call with ``code``."""
 
