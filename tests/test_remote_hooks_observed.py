@@ -17,6 +17,7 @@ from support.hook_server import RecordingHookServer, abort, held, serving
 from support.waiting import wait_until
 from test_remote_hooks import FAILING, RemoteEngine, counters_from_here, metric  # noqa: F401 (a fixture)
 
+from turnwire.testing import ScriptedError, ScriptStep
 from turnwire_client.v1 import event_pb2, hooks_pb2
 
 remote_engine = test_remote_hooks.remote_engine  # the fixture
@@ -218,3 +219,40 @@ async def test_closing_the_middleware_lets_an_ended_turns_observed_call_be_answe
     # Answered on its stream: not broken by the close (an error counted), nor sent again.
     assert not metric("turnwire_remote_hook_errors_total", server=address, hook="on_chat_response")
     assert [c.stream for c in server.calls if c.rpc == "OnChatResponse"] == [True]
+
+
+@pytest.mark.parametrize("observed", [True, False], ids=["observed", "awaited"])
+async def test_an_errored_turns_end_hooks_go_on_its_one_stream_in_order(
+    remote_engine: RemoteEngine, observed: bool
+) -> None:
+    # An errored turn with a partial reply stored gets on_chat_error, then on_chat_response, both
+    # on the turn's one stream, in order: on_chat_error ended the stream, so on_chat_response
+    # went as a unary RPC (awaited: the turn waited for it), or, observed, opened a second
+    # stream, and the server could handle the two in either order. Observed, the turn ends while
+    # the server holds the first answer.
+    end_hooks = [hooks_pb2.HOOK_ON_CHAT_ERROR, hooks_pb2.HOOK_ON_CHAT_RESPONSE]
+    server = RecordingHookServer(
+        [hooks_pb2.HOOK_BEFORE_TURN, *end_hooks],
+        hook_session=True,
+        reuse_hook_session=True,
+        answers_together=True,
+        observed_hooks=end_hooks if observed else (),
+    )
+    release = asyncio.Event()
+    if not observed:
+        release.set()
+    server.answers["OnChatError"] = held(release, hooks_pb2.OnChatErrorResponse())
+    server.answers["OnChatResponse"] = held(release, hooks_pb2.OnChatResponseResponse())
+    cut = ScriptedError(message="cut", status=500, after_chunks=1)
+    partial = {"main": [ScriptStep(text="Partly there", error=cut)]}
+    async with serving(server) as address:
+        harness, middleware = await remote_engine(address, scripts=partial, deadline_seconds=30)
+        end = end_of(await harness.run("go"))
+        assert end.status == event_pb2.TURN_STATUS_ERROR
+        # The server handles a stream's calls in order: OnChatResponse once OnChatError is answered.
+        await wait_until(lambda: server.count("OnChatError") == 1)
+        release.set()
+        await wait_until(lambda: server.count("OnChatResponse") == 1 and len(middleware._sessions._idle) == 1)
+    assert server.rpcs(chunks=False)[1:] == ["BeforeTurn", "OnChatError", "OnChatResponse"]
+    assert all(c.stream for c in server.calls[1:])
+    assert server.sessions == 1

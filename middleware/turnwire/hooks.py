@@ -397,7 +397,9 @@ class ChatErrorContext:
     ``middleware`` and ``hook`` name the hook that raised it (empty when no
     hook did; docs/semantics.md §11); ``stage`` is where it happened;
     ``messages_persisted`` whether the input was stored; ``classification``
-    what ``classify_chat_error`` decided (``None`` when nobody classified it).
+    what ``classify_chat_error`` decided (``None`` when nobody classified it);
+    ``response_follows`` (``on_chat_error`` only) whether ``on_chat_response`` runs after it for
+    this turn (its partial reply was stored: docs/semantics.md §2 finish).
     """
 
     conversation_id: str
@@ -408,6 +410,7 @@ class ChatErrorContext:
     classification: ChatErrorClassification | None = None
     middleware: str = ""
     hook: str = ""
+    response_follows: bool = False
 
 
 class ChatError(ErrorWithStatus):

@@ -249,24 +249,10 @@ class TurnEnding(TurnRunBase):
     async def _after_lock(self) -> None:
         """on_chat_error / on_chat_response (lock released), then the TurnEnd event."""
         request = self.request
+        outcome, stopped_by = self._response_outcome()
         if self.outcome == "error":
-            await self._surface_error()
-        # on_chat_response: every completed turn, and an errored or aborted one
-        # whose partial reply was stored (docs/semantics.md §3).
-        outcome = _OUTCOMES.get(self.outcome)
-        if self.left_running:
-            outcome = None  # not over: its recovery will end it
-        stop = self._stop
-        stopped_by = (
-            ConcurrentInput("rollback" if stop.rollback else "interrupt", stop.interrupting_request_id)
-            if isinstance(stop, StoppedByInput) and self.messages_persisted and self.outcome == "aborted"
-            else None
-        )
-        # A turn stopped by new input always gets its on_chat_response (the issue 18 contract),
-        # even with nothing stored (rolled back, or stopped before its first part).
-        if outcome is not None and (
-            outcome == "completed" or self.stored_message is not None or stopped_by is not None
-        ):
+            await self._surface_error(response_follows=outcome is not None)
+        if outcome is not None:
             await self.hooks.on_chat_response(
                 ChatResponseContext(
                     conversation_id=request.conversation_id,
@@ -287,6 +273,25 @@ class TurnEnding(TurnRunBase):
             if stream is not None and not self.left_running:  # left running: it has no end yet
                 await stream.store_end(end)
         self.writer.send(end)
+
+    def _response_outcome(self) -> tuple[TurnOutcome | None, ConcurrentInput | None]:
+        """The turn's ``on_chat_response`` status, None when it gets none, and the input that
+        stopped it: every completed turn gets one, and an errored or aborted turn whose partial
+        reply was stored (docs/semantics.md §3); a turn stopped by new input always does (the
+        issue 18 contract), even with nothing stored (rolled back, or stopped before its first
+        part); a turn left running does not (its recovery will end it)."""
+        outcome = _OUTCOMES.get(self.outcome)
+        stop = self._stop
+        stopped_by = (
+            ConcurrentInput("rollback" if stop.rollback else "interrupt", stop.interrupting_request_id)
+            if isinstance(stop, StoppedByInput) and self.messages_persisted and self.outcome == "aborted"
+            else None
+        )
+        if self.left_running or not (
+            outcome == "completed" or self.stored_message is not None or stopped_by is not None
+        ):
+            return None, stopped_by
+        return outcome, stopped_by
 
     def _end_is_final(self) -> bool:
         """True when nothing after the turn's final write changes its TurnEnd: no
@@ -345,9 +350,12 @@ class TurnEnding(TurnRunBase):
             and config.reactive
         )
 
-    def _error_context(self, error: BaseException, stage: ErrorStage) -> ChatErrorContext:
+    def _error_context(
+        self, error: BaseException, stage: ErrorStage, *, response_follows: bool = False
+    ) -> ChatErrorContext:
         """The hooks' view of ``error``: a hook's own exception rather than the chain's wrapper,
-        with the hook named."""
+        with the hook named; ``response_follows``: ``on_chat_response`` runs after
+        ``on_chat_error``."""
         middleware = hook = ""
         if isinstance(error, HookError):
             middleware, hook = error.middleware, error.hook
@@ -361,12 +369,13 @@ class TurnEnding(TurnRunBase):
             classification=self._classification,
             middleware=middleware,
             hook=hook,
+            response_follows=response_follows,
         )
 
     async def _classify(self, failure: TurnFailure) -> ChatErrorClassification | None:
         return await self.hooks.classify_chat_error(self._error_context(root_error(failure), failure.stage))
 
-    async def _surface_error(self) -> None:
+    async def _surface_error(self, *, response_follows: bool) -> None:
         failure = self.error
         if not isinstance(failure, TurnFailure):
             return
@@ -374,7 +383,7 @@ class TurnEnding(TurnRunBase):
         original = root_error(failure)
         if self.status_error is None:
             self.status_error = self._error_status(original, stage)
-        context = self._error_context(original, stage)
+        context = self._error_context(original, stage, response_follows=response_follows)
         surfaced = await self.hooks.on_chat_error(context)
         if surfaced is not context.error:
             if isinstance(surfaced, ChatError):

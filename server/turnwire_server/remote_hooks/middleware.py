@@ -595,9 +595,10 @@ class RemoteMiddleware(ChunkCalls, HookCalls, Middleware):
 
     async def on_chat_error(self, ctx: ChatErrorContext) -> BaseException | str:
         """``OnChatError``: the error the client sees; a failure leaves it as it was. Ends the
-        turn's ``HookSession`` (a later ``on_chat_response`` of the turn is a unary RPC). A server
-        that observes ``on_chat_error`` has it sent, its answer ignored and its stream ended
-        without the turn waiting (docs/semantics.md §4 "Observed hooks")."""
+        turn's ``HookSession`` unless ``on_chat_response`` follows (``ctx.response_follows``: it
+        comes on the same stream, in order, and ends it). A server that observes
+        ``on_chat_error`` has it sent, its answer ignored and its stream ended without the turn
+        waiting (docs/semantics.md §4 "Observed hooks")."""
         if "on_chat_error" not in self.subscribed:
             return ctx.error
         deadline = time.monotonic() + self.settings.deadline_seconds  # the call and the stream's end
@@ -624,7 +625,8 @@ class RemoteMiddleware(ChunkCalls, HookCalls, Middleware):
             self._failed_open("on_chat_error", failure)
             return ctx.error
         finally:
-            await self._end_session(ctx.request_id, deadline, later=observed)
+            if not ctx.response_follows:
+                await self._end_session(ctx.request_id, deadline, later=observed)
 
 
 _NO_TRACE: dict[str, str] = {}
