@@ -16,6 +16,9 @@ import (
 	turnwirev1 "turnwire.dev/go/gen/turnwire/v1"
 )
 
+// observable lists the hooks Hooks.Observe may name (hooks.proto GetHookSubscriptionsResponse.observed_hooks).
+const observable = "HOOK_BEFORE_TURN, HOOK_BEFORE_STEP, HOOK_BEFORE_TOOL_CALL, HOOK_ON_CHAT_RESPONSE, HOOK_ON_CHAT_ERROR"
+
 // hooksService serves turnwire.v1.TurnHooksService from Hooks: each unary RPC
 // calls its handler; HookSession calls the same RPC methods for each call of
 // the stream, in order, one at a time (hooks.proto, HookSessionRequest), and
@@ -47,8 +50,11 @@ func newHooksService(hooks Hooks) (*hooksService, error) {
 			set = hooks.OnChatResponse != nil
 		case turnwirev1.Hook_HOOK_ON_CHAT_ERROR:
 			set, s.hooks.OnChatError = hooks.OnChatError != nil, ignoreChanges("OnChatError", hooks.OnChatError)
+		case turnwirev1.Hook_HOOK_AFTER_TOOL_CALL, turnwirev1.Hook_HOOK_ON_STEP_FINISH, turnwirev1.Hook_HOOK_ON_CHUNKS:
+			// Posted on a HookSession already: observing one declares nothing.
+			return nil, fmt.Errorf("kit: Hooks.Observe lists %v, not a hook you can observe (%s); the sidecar never waits for it on a HookSession anyway", hook, observable)
 		default:
-			return nil, fmt.Errorf("kit: Hooks.Observe lists %v, not a hook you can observe (HOOK_BEFORE_TURN, HOOK_BEFORE_STEP, HOOK_BEFORE_TOOL_CALL, HOOK_ON_CHAT_RESPONSE, HOOK_ON_CHAT_ERROR)", hook)
+			return nil, fmt.Errorf("kit: Hooks.Observe lists %v, not a hook you can observe (%s)", hook, observable)
 		}
 		if !set {
 			return nil, fmt.Errorf("kit: Hooks.Observe lists %v, whose handler is not set", hook)

@@ -104,7 +104,7 @@ func TestRegisterRefusesWhatCannotServe(t *testing.T) {
 		{&kit.Hooks{IncludeMessages: true}, nil, "set no handler"},
 		{&kit.Hooks{Observe: []turnwirev1.Hook{turnwirev1.Hook_HOOK_AFTER_TOOL_CALL}, AfterToolCall: func(context.Context, *turnwirev1.AfterToolCallRequest) error {
 			return nil
-		}}, nil, "HOOK_AFTER_TOOL_CALL, not a hook you can observe (HOOK_BEFORE_TURN, HOOK_BEFORE_STEP, HOOK_BEFORE_TOOL_CALL, HOOK_ON_CHAT_RESPONSE, HOOK_ON_CHAT_ERROR)"},
+		}}, nil, "HOOK_AFTER_TOOL_CALL, not a hook you can observe (HOOK_BEFORE_TURN, HOOK_BEFORE_STEP, HOOK_BEFORE_TOOL_CALL, HOOK_ON_CHAT_RESPONSE, HOOK_ON_CHAT_ERROR); the sidecar never waits for it on a HookSession anyway"},
 		{&kit.Hooks{Observe: []turnwirev1.Hook{turnwirev1.Hook_HOOK_CLASSIFY_CHAT_ERROR}, ClassifyChatError: func(context.Context, *turnwirev1.ClassifyChatErrorRequest) (turnwirev1.ChatErrorClassification, error) {
 			return 0, nil
 		}}, nil, "HOOK_CLASSIFY_CHAT_ERROR, not a hook you can observe"},

@@ -228,7 +228,10 @@ test('an observe entry that is no hook you can observe, or has no handler, is re
       name: 'TypeError',
       message:
         `hooks(): observe: "${name}" is not a hook you can observe ` +
-        '(one of beforeTurn, beforeStep, beforeToolCall, onChatResponse, onChatError)',
+        '(one of beforeTurn, beforeStep, beforeToolCall, onChatResponse, onChatError)' +
+        (['afterToolCall', 'onStepFinish', 'onChunks'].includes(name)
+          ? '; the sidecar never waits for it on a HookSession anyway'
+          : ''),
     });
   }
   // The end hooks are refused without their handler too.

@@ -206,6 +206,10 @@ OBSERVABLE = frozenset(
 """The hooks a server may only observe (``HookServer.observed_hooks``): the deciding ones and the
 turn's end hooks."""
 
+NEVER_AWAITED = frozenset({"after_tool_call", "on_step_finish", "on_chunks"})
+"""Hooks the sidecar never waits for on a ``HookSession`` anyway (posted; docs/semantics.md §4):
+naming one in ``observed_hooks`` declares nothing, which the error says."""
+
 
 _STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
 """grpc's status codes by number (a ``google.rpc.Status`` code)."""
@@ -257,9 +261,12 @@ class _Servicer(hooks_pb2_grpc.TurnHooksServiceServicer):
             )
         wrong = set(observed) - OBSERVABLE
         if wrong:
+            hint = ""
+            if wrong <= NEVER_AWAITED:
+                hint = "; the sidecar never waits for it on a HookSession anyway"
             raise TypeError(
                 f"observed_hooks: {', '.join(sorted(wrong))} is not a hook you can observe"
-                f" ({', '.join(sorted(OBSERVABLE))})"
+                f" ({', '.join(sorted(OBSERVABLE))}){hint}"
             )
         missing = [name for name in server.observed_hooks if HOOKS[name].hook not in implemented]
         if missing:

@@ -134,6 +134,8 @@ const OBSERVABLE: readonly HookName[] = [
   'onChatResponse',
   'onChatError',
 ] satisfies ObservableHook[];
+/** Hooks the sidecar never waits for on a HookSession anyway (posted): observing one declares nothing. */
+const NEVER_AWAITED: readonly string[] = ['afterToolCall', 'onStepFinish', 'onChunks'];
 
 /** Options of `hooks()`. */
 export interface HookOptions {
@@ -207,7 +209,8 @@ export function hooks(handlers: HookHandlers, options: HookOptions = {}): HookSe
   for (const name of observed) {
     if (!OBSERVABLE.includes(name))
       throw new TypeError(
-        `hooks(): observe: "${name}" is not a hook you can observe (one of ${OBSERVABLE.join(', ')})`,
+        `hooks(): observe: "${name}" is not a hook you can observe (one of ${OBSERVABLE.join(', ')})` +
+          (NEVER_AWAITED.includes(name) ? '; the sidecar never waits for it on a HookSession anyway' : ''),
       );
     if (!present.includes(name)) throw new TypeError(`hooks(): observe: "${name}" has no handler`);
   }
