@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -48,6 +47,7 @@ from _common import (
     REPO,
     ServerProcess,
     Table,
+    cpu_seconds_of,
     free_port,
     percentile,
     print_tables,
@@ -156,9 +156,7 @@ async def one_turn(client: TurnwireClient, config: Config, index: int) -> None:
     config.rpc_hook_seconds.extend(e["duration_ms"] / 1000 for e in timeline if e["hook"] in RPC_HOOKS)
 
 
-async def measure(
-    args: argparse.Namespace, workdir: Path, node_address: str, node: psutil.Process
-) -> list[Table]:
+async def measure(args: argparse.Namespace, workdir: Path, node_address: str, node: int) -> list[Table]:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCH_DIR), os.environ.get("PYTHONPATH")]))
     try:
         for config in CONFIGS:
@@ -178,14 +176,16 @@ async def measure(
                     config.tool_hook_seconds.clear()
                     config.rpc_hook_seconds.clear()
                 assert config.server is not None
-                sidecar_before, node_before = config.server.cpu_seconds(), cpu_seconds(node)
+                assert config.server.popen is not None
+                sidecar_pid = config.server.popen.pid
+                sidecar_before, node_before = cpu_seconds_of(sidecar_pid), cpu_seconds_of(node)
                 for _ in range(args.turns):
                     index += 1
                     await one_turn(clients[config.name], config, index)
                 if round_number >= args.warmup_rounds:
                     # The Node app answers only this configuration's sidecar meanwhile.
-                    config.sidecar_cpu += config.server.cpu_seconds() - sidecar_before
-                    config.node_cpu += cpu_seconds(node) - node_before
+                    config.sidecar_cpu += cpu_seconds_of(sidecar_pid) - sidecar_before
+                    config.node_cpu += cpu_seconds_of(node) - node_before
                     config.measured_turns += args.turns
         for client in clients.values():
             await client.close()
@@ -194,11 +194,6 @@ async def measure(
             if config.server is not None:
                 config.server.stop()
     return [table(args), per_call_table(args)]
-
-
-def cpu_seconds(process: psutil.Process) -> float:
-    times = process.cpu_times()
-    return float(times.user + times.system)
 
 
 def per_call_table(args: argparse.Namespace) -> Table:
@@ -240,8 +235,9 @@ def per_call_table(args: argparse.Namespace) -> Table:
         f" {REMOTE_HOOKS.measured_turns} turns each; {HOOK_CALLS_PER_TURN} hook calls per turn plus the"
         " chunk batches (their end is inside on_chat_response's entry); wall: each hook call's entry"
         " in the sidecar's hook timeline (a posted AfterToolCall / OnStepFinish: the time to queue it)",
-        "CPU: user + system of the processes (/proc), all threads; the Node app's includes its"
-        " journal of each call (the example's own work)",
+        "CPU: the processes' threads' time on a CPU (/proc schedstat, in ns: whole 10 ms ticks"
+        " were too coarse for a block); the Node app's includes its journal of each call (the"
+        " example's own work)",
     ]
     return result
 
@@ -318,7 +314,7 @@ def main() -> None:
                 stderr=subprocess.STDOUT,
             )
             try:
-                result = asyncio.run(measure(args, workdir, node_address, psutil.Process(node.pid)))
+                result = asyncio.run(measure(args, workdir, node_address, node.pid))
             finally:
                 node.terminate()
                 node.wait()
