@@ -103,6 +103,9 @@ async def test_a_reusing_server_gets_turn_after_turn_on_one_stream_each_call_nam
         assert _turns_of(server) == [(rpc, f"r-reuse-{n}") for n in range(3) for rpc in TURN_RPCS]
         await harness.run("check", request_id="r-reuse-3")
     assert server.sessions == 1
+    stream_turns = "turnwire_remote_hook_session_turns_total"
+    assert metric(stream_turns, server=address, stream="opened") == 1
+    assert metric(stream_turns, server=address, stream="kept") == 3
 
 
 async def test_a_stream_given_up_mid_turn_is_not_reused(remote_engine: RemoteEngine) -> None:
@@ -123,6 +126,8 @@ async def test_a_stream_given_up_mid_turn_is_not_reused(remote_engine: RemoteEng
             end = end_of(await harness.run("go", request_id=f"r-after-{n}"))
             assert end.status == event_pb2.TURN_STATUS_COMPLETED
     assert server.sessions == 2
+    assert metric("turnwire_remote_hook_session_turns_total", server=address, stream="opened") == 2
+    assert metric("turnwire_remote_hook_session_turns_total", server=address, stream="kept") == 1
     later = [turn for rpc, turn in _turns_of(server) if turn != "r-hang"]
     assert later == [f"r-after-{n}" for n in range(2) for _ in TURN_RPCS]
 

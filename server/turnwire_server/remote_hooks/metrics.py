@@ -49,4 +49,11 @@ CHUNK_EVENTS = Counter(
     ["server", "result"],
 )
 
+SESSION_TURNS = Counter(
+    "turnwire_remote_hook_session_turns",
+    "Turns whose hook calls went on a HookSession, by its stream: opened for the turn, or kept from "
+    "an earlier turn (reuse_hook_session).",
+    ["server", "stream"],
+)
+
 BREAKER_VALUES = {"closed": 0, "half_open": 1, "open": 2}

@@ -149,7 +149,7 @@ class RemoteMiddleware(ChunkCalls, HookCalls, Middleware):
         self.hook_session = False
         self.session_chunks = False  # the turn's chunk batches go on its HookSession
         self.observed: frozenset[str] = frozenset()  # deciding hooks the server only observes
-        self._sessions = TurnSessions(settings.deadline_seconds, self._background)
+        self._sessions = TurnSessions(settings.deadline_seconds, self._background, self.server)
         self._bound: dict[str, tuple[Any, Any]] = {}  # hook → its calls counter and duration histogram
 
     def implemented_hooks(self) -> frozenset[str]:

@@ -24,6 +24,7 @@ from typing import Any
 import grpc
 
 from turnwire_client.v1 import hooks_pb2
+from turnwire_server.remote_hooks import metrics
 
 METHOD = "/turnwire.v1.TurnHooksService/HookSession"
 
@@ -371,15 +372,19 @@ a balancing proxy or a restarted server's new connection may route elsewhere."""
 class TurnSessions:
     """The ``HookSession`` of each running turn of one server, by request id (None: the turn's
     stream broke, its later calls are unary). ``deadline_seconds`` bounds a closing stream's
-    wait for the server's end; ``background`` keeps the tasks of evicted streams' closing.
+    wait for the server's end; ``background`` keeps the tasks of evicted streams' closing;
+    ``server`` labels the count of turns on opened and on kept streams
+    (``turnwire_remote_hook_session_turns_total``).
 
     :attr:`reuse` (the server's ``reuse_hook_session``): a turn's stream whose answers are all in
     when the turn ends is kept for the next turn (at most :data:`MAX_IDLE_SESSIONS`), which then
     opens none: each call names its turn (``HookCall.parent_request_id``), and a stream carries
     one turn at a time, so the server sees each turn's calls in order, never interleaved."""
 
-    def __init__(self, deadline_seconds: float, background: set[asyncio.Task[Any]]) -> None:
+    def __init__(self, deadline_seconds: float, background: set[asyncio.Task[Any]], server: str) -> None:
         self._deadline = deadline_seconds
+        self._opened = metrics.SESSION_TURNS.labels(server, "opened")
+        self._kept = metrics.SESSION_TURNS.labels(server, "kept")
         self._background = background
         self._by_turn: OrderedDict[str, HookSession | None] = OrderedDict()
         # Kept streams, the most recently kept last, each with the timer that ends it when idle.
@@ -401,7 +406,12 @@ class TurnSessions:
             return session
         if hook not in OPENING_HOOKS and not posted:
             return None
-        session = self._take_idle(request_id) or open_session(request_id)
+        session = self._take_idle(request_id)
+        if session is None:
+            session = open_session(request_id)
+            self._opened.inc()
+        else:
+            self._kept.inc()
         self._by_turn[request_id] = session
         while len(self._by_turn) > MAX_OPEN_SESSIONS:
             _, oldest = self._by_turn.popitem(last=False)
