@@ -1,7 +1,6 @@
 package kit_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -18,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	turnwirev1 "turnwire.dev/go/gen/turnwire/v1"
+	"turnwire.dev/go/internal/sidecar"
 	"turnwire.dev/go/kit"
 )
 
@@ -236,27 +236,9 @@ func TestHookSessionAnswersUnimplementedOnChunks(t *testing.T) {
 	okAnswer(t, s.next(3))
 }
 
-// lockedBuffer is a log output the test reads while the kit may write it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // captureLog sends the log to a buffer until the test ends.
-func captureLog(t *testing.T) *lockedBuffer {
-	logged := &lockedBuffer{}
+func captureLog(t *testing.T) *sidecar.LockedBuffer {
+	logged := &sidecar.LockedBuffer{}
 	previous := log.Writer()
 	log.SetOutput(logged)
 	t.Cleanup(func() { log.SetOutput(previous) })

@@ -44,7 +44,7 @@ type Sidecar struct {
 
 	dir    string
 	cmd    *exec.Cmd
-	log    *lockedBuffer
+	log    *LockedBuffer
 	exited chan struct{} // closed when the process ended
 }
 
@@ -120,7 +120,7 @@ func spawn(dir, configPath string) (*Sidecar, error) {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
-	log := &lockedBuffer{}
+	log := &LockedBuffer{}
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s (set %s to the turnwire command): %w", binary, EnvBinary, err)
@@ -247,20 +247,20 @@ func freePort() (int, error) {
 	return listener.Addr().(*net.TCPAddr).Port, nil
 }
 
-// lockedBuffer is the process log, written by exec's copying goroutine and
-// read by the test.
-type lockedBuffer struct {
+// LockedBuffer is a log a test reads while another goroutine writes it (the
+// process log, written by exec's copying goroutine; the kit's log).
+type LockedBuffer struct {
 	mu  sync.Mutex
 	buf bytes.Buffer
 }
 
-func (b *lockedBuffer) Write(p []byte) (int, error) {
+func (b *LockedBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.Write(p)
 }
 
-func (b *lockedBuffer) String() string {
+func (b *LockedBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
