@@ -184,8 +184,10 @@ def thread_cpu_ns(pid: int) -> dict[int, int]:
     """Time on a CPU (ns) of each live thread of process ``pid`` (thread id → ns), from
     ``/proc/<pid>/task/<tid>/schedstat``: ``/proc/<pid>/stat``'s user and system times count whole
     10 ms ticks, too coarse for the differences the benches measure (a few hundred µs over a
-    block). A thread that ends as it is read is left out (its time is lost either way); a process
-    that is gone reads as none."""
+    block). Only live threads count: a thread that ends between two reads takes the time it had at
+    the first out of their difference (``/proc/<pid>/stat`` would keep it), so a bench that uses
+    this measures processes whose threads live as long as they do (a server's pools, its event
+    loop); a process that is gone reads as none."""
     found: dict[int, int] = {}
     with contextlib.suppress(FileNotFoundError, ProcessLookupError):
         for task in Path(f"/proc/{pid}/task").iterdir():

@@ -563,8 +563,23 @@ def test_observed_hooks_must_be_deciding_hooks_the_server_implements() -> None:
         async def on_step_finish(self, request: hooks_pb2.OnStepFinishRequest) -> None:
             pass
 
-    with pytest.raises(TypeError, match=r"on_step_finish is not a hook you can observe .*never waits for it"):
+    class Two(HookServer):
+        observed_hooks = frozenset({"after_tool_call", "classify_chat_error"})
+
+        async def after_tool_call(self, request: hooks_pb2.AfterToolCallRequest) -> None:
+            pass
+
+    never_waited = r"the sidecar never waits for on_step_finish on a HookSession anyway: leave it out$"
+    misnamed = r"on_step_finish is not a hook you can observe \(.*\); " + never_waited
+    with pytest.raises(TypeError, match=misnamed):
         Misnamed().servicer()
+    with pytest.raises(TypeError) as two:
+        Two().servicer()
+    assert str(two.value) == (
+        "observed_hooks: after_tool_call, classify_chat_error are not hooks you can observe"
+        " (before_step, before_tool_call, before_turn, on_chat_error, on_chat_response);"
+        " the sidecar never waits for after_tool_call on a HookSession anyway: leave them out"
+    )
     with pytest.raises(TypeError, match="before_turn is not implemented by Missing"):
         Missing().servicer()
 

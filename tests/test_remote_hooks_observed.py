@@ -256,3 +256,31 @@ async def test_an_errored_turns_end_hooks_go_on_its_one_stream_in_order(
     assert server.rpcs(chunks=False)[1:] == ["BeforeTurn", "OnChatError", "OnChatResponse"]
     assert all(c.stream for c in server.calls[1:])
     assert server.sessions == 1
+
+
+async def test_an_errored_turn_whose_server_observes_only_on_chat_error_does_not_wait_for_it(
+    remote_engine: RemoteEngine,
+) -> None:
+    # Fresh-user review: with on_chat_response following (a partial reply stored) the stream was
+    # left to it, but unsubscribed it ends the stream as an awaited hook would, so TurnEnd waited
+    # for the observed OnChatError's answer. It is the turn's last call: it ends the stream.
+    server = RecordingHookServer(
+        [hooks_pb2.HOOK_BEFORE_TURN, hooks_pb2.HOOK_ON_CHAT_ERROR],
+        hook_session=True,
+        reuse_hook_session=True,
+        answers_together=True,
+        observed_hooks=[hooks_pb2.HOOK_ON_CHAT_ERROR],
+    )
+    release = asyncio.Event()
+    server.answers["OnChatError"] = held(release, hooks_pb2.OnChatErrorResponse())
+    cut = ScriptedError(message="cut", status=500, after_chunks=1)
+    async with serving(server) as address:
+        harness, middleware = await remote_engine(
+            address, scripts={"main": [ScriptStep(text="Partly there", error=cut)]}, deadline_seconds=30
+        )
+        turn = asyncio.create_task(harness.run("go"))
+        await wait_until(lambda: turn.done() and server.count("OnChatError") == 1)
+        # (The partial reply is stored, so on_chat_response runs: the test above sees its call.)
+        assert end_of(turn.result()).status == event_pb2.TURN_STATUS_ERROR
+        release.set()
+        await wait_until(lambda: len(middleware._sessions._idle) == 1)

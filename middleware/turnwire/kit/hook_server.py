@@ -261,12 +261,12 @@ class _Servicer(hooks_pb2_grpc.TurnHooksServiceServicer):
             )
         wrong = set(observed) - OBSERVABLE
         if wrong:
-            hint = ""
-            if wrong <= NEVER_AWAITED:
-                hint = "; the sidecar never waits for it on a HookSession anyway"
+            posted = ", ".join(sorted(wrong & NEVER_AWAITED))
+            hint = f"; the sidecar never waits for {posted} on a HookSession anyway" if posted else ""
             raise TypeError(
-                f"observed_hooks: {', '.join(sorted(wrong))} is not a hook you can observe"
-                f" ({', '.join(sorted(OBSERVABLE))}){hint}"
+                f"observed_hooks: {', '.join(sorted(wrong))}"
+                f" {'is not a hook' if len(wrong) == 1 else 'are not hooks'} you can observe"
+                f" ({', '.join(sorted(OBSERVABLE))}){hint}: leave {'it' if len(wrong) == 1 else 'them'} out"
             )
         missing = [name for name in server.observed_hooks if HOOKS[name].hook not in implemented]
         if missing:

@@ -595,8 +595,8 @@ class RemoteMiddleware(ChunkCalls, HookCalls, Middleware):
 
     async def on_chat_error(self, ctx: ChatErrorContext) -> BaseException | str:
         """``OnChatError``: the error the client sees; a failure leaves it as it was. Ends the
-        turn's ``HookSession`` unless ``on_chat_response`` follows (``ctx.response_follows``: it
-        comes on the same stream, in order, and ends it). A server that observes
+        turn's ``HookSession`` unless a subscribed ``on_chat_response`` follows
+        (``ctx.response_follows``: it comes on the same stream, in order, and ends it). A server that observes
         ``on_chat_error`` has it sent, its answer ignored and its stream ended without the turn
         waiting (docs/semantics.md §4 "Observed hooks")."""
         if "on_chat_error" not in self.subscribed:
@@ -625,7 +625,8 @@ class RemoteMiddleware(ChunkCalls, HookCalls, Middleware):
             self._failed_open("on_chat_error", failure)
             return ctx.error
         finally:
-            if not ctx.response_follows:
+            # An OnChatResponse that follows goes on the stream after this call and ends it.
+            if not (ctx.response_follows and "on_chat_response" in self.subscribed):
                 await self._end_session(ctx.request_id, deadline, later=observed)
 
 

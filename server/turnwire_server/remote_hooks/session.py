@@ -346,7 +346,8 @@ class HookSession:
 
 MAX_OPEN_SESSIONS = 1024
 """``HookSession`` streams open at once per server; past it the oldest is closed (a turn that
-failed with no ``on_chat_error`` subscribed, or was cancelled, leaves its stream to this bound)."""
+failed with no ``on_chat_error`` subscribed, or was cancelled, or whose ``on_chat_response`` never
+came after an ``on_chat_error`` that left the stream to it, leaves its stream to this bound)."""
 
 OPENING_HOOKS = frozenset(
     ("before_turn", "before_step", "before_tool_call", "after_tool_call", "on_step_finish", "on_chunk")
