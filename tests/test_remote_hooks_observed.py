@@ -6,7 +6,9 @@ answers (docs/semantics.md §4, remote middleware; hooks.proto)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import time
 from typing import Any
 
 import grpc
@@ -19,6 +21,7 @@ from test_remote_hooks import FAILING, RemoteEngine, counters_from_here, metric 
 
 from turnwire.testing import ScriptedError, ScriptStep
 from turnwire_client.v1 import event_pb2, hooks_pb2
+from turnwire_server.remote_hooks.session import HOLD_SECONDS, TurnSessions
 
 remote_engine = test_remote_hooks.remote_engine  # the fixture
 
@@ -284,3 +287,44 @@ async def test_an_errored_turn_whose_server_observes_only_on_chat_error_does_not
         assert end_of(turn.result()).status == event_pb2.TURN_STATUS_ERROR
         release.set()
         await wait_until(lambda: len(middleware._sessions._idle) == 1)
+
+
+class _Session:
+    """What TurnSessions needs of a HookSession, recording when its calls are written."""
+
+    def __init__(self) -> None:
+        self.broken = None
+        self.written: list[float] = []
+
+    async def finish_turn(self, wait_seconds: float) -> bool:
+        self.written.append(time.monotonic())
+        return False
+
+    def end(self, seconds: float) -> None:
+        pass
+
+
+async def test_an_observed_end_hooks_calls_are_written_once_the_turns_task_is_done() -> None:
+    # On one event loop the writer task of the end calls ran before the turn's own TurnEnd write
+    # (and store), which the turn waits for: they now wait for the turn's task, at most
+    # HOLD_SECONDS (a task that goes on after its turn, say).
+    sessions = TurnSessions(30.0, set(), "test-server")
+    for request_id, turn_ends in (("ends", True), ("goes-on", False)):
+        fake = _Session()
+        opened: Any = fake
+
+        def open_session(_: str, opened: Any = opened) -> Any:
+            return opened
+
+        assert sessions.get(request_id, "before_turn", open_session) is opened
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        started = time.monotonic()
+        sessions.close_later(request_id, deadline=started + 30.0, after=turn)
+        await asyncio.sleep(0)  # the background task's first step: it waits
+        assert fake.written == []
+        if turn_ends:
+            turn.set_result(None)
+        await wait_until(functools.partial(bool, fake.written))
+        if not turn_ends:
+            assert fake.written[0] - started >= HOLD_SECONDS * 0.9
+    await sessions.finish_ended()

@@ -576,7 +576,7 @@ class RemoteMiddleware(ChunkCalls, HookCalls, Middleware):
         until ``deadline`` (``time.monotonic()``): by the turn, or (``later``: the end hook is
         observed) in the background."""
         if later:
-            self._sessions.close_later(request_id, wait_seconds=deadline - time.monotonic())
+            self._sessions.close_later(request_id, deadline=deadline, after=asyncio.current_task())
         else:
             await self._sessions.close(request_id, wait_seconds=deadline - time.monotonic())
 

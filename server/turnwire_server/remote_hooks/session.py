@@ -17,6 +17,7 @@ unary, so one stuck answer never holds the rest of the turn behind it.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -476,16 +477,25 @@ class TurnSessions:
         if session is not None:
             await self._finish(session, self._deadline if wait_seconds is None else wait_seconds)
 
-    def close_later(self, request_id: str, *, wait_seconds: float) -> None:
+    def close_later(self, request_id: str, *, deadline: float, after: asyncio.Future[Any] | None) -> None:
         """:meth:`close` without the turn waiting (its end hooks are observed: hooks.proto
-        ``observed_hooks``): the calls held are written now, the answers still due waited for
-        (at most ``wait_seconds``) in the background, then the stream is kept or ended."""
+        ``observed_hooks``), in the background: once ``after`` is done (the turn's task, so its
+        own ``TurnEnd`` is written and stored first: on one event loop a write the turn does not
+        wait for would otherwise go before the one it does), at most :data:`HOLD_SECONDS` from
+        now, the calls held are written; the answers still due are waited for until ``deadline``
+        (``time.monotonic()``), then the stream is kept or ended."""
         session = self._by_turn.pop(request_id, None) if self._by_turn else None
         if session is not None:
-            session.flush()
-            task = asyncio.get_running_loop().create_task(self._finish(session, wait_seconds))
+            task = asyncio.get_running_loop().create_task(self._finish_after(session, deadline, after))
             self._finishing.add(task)
             task.add_done_callback(self._finishing.discard)
+
+    async def _finish_after(
+        self, session: HookSession, deadline: float, after: asyncio.Future[Any] | None
+    ) -> None:
+        if after is not None and not after.done():
+            await asyncio.wait([after], timeout=HOLD_SECONDS)
+        await self._finish(session, deadline - time.monotonic())
 
     async def finish_ended(self) -> None:
         """Wait for the streams of turns already ended (:meth:`close_later`) to take their

@@ -272,10 +272,11 @@ class GetHookSubscriptionsResponse(_message.Message):
         AfterToolCall, with the turn's next call, in order) and ignores what they
         answer; their failure mode is open whatever the sidecar's config says.
         The turn's end hooks (HOOK_ON_CHAT_RESPONSE, HOOK_ON_CHAT_ERROR): on
-        HookSession the sidecar sends the call, after the turn's other calls and
-        before the client gets TurnEnd, and sends TurnEnd without waiting for its
-        answer or the turn's other answers (they are logged and counted when they
-        come); OnChatError's answer is ignored (the error surfaces as it was). On
+        HookSession the sidecar sends TurnEnd without waiting for the server, then
+        the call, after the turn's other calls (once the turn's own end is
+        written, at most 50 ms after the hook ran); the answers are logged and
+        counted when they come; OnChatError's answer is ignored (the error
+        surfaces as it was). On
         unary RPCs all of them are called and awaited as before, their answers
         ignored. Other hooks listed here are ignored.
         """
