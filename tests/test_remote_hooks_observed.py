@@ -21,6 +21,7 @@ from test_remote_hooks import FAILING, RemoteEngine, counters_from_here, metric 
 
 from turnwire.testing import ScriptedError, ScriptStep
 from turnwire_client.v1 import event_pb2, hooks_pb2
+from turnwire_server.remote_hooks import session as session_module
 from turnwire_server.remote_hooks.session import HOLD_SECONDS, TurnSessions
 
 remote_engine = test_remote_hooks.remote_engine  # the fixture
@@ -167,7 +168,7 @@ async def test_an_observed_on_chat_errors_answer_is_ignored(
         end = end_of(await harness.run("go"))
         assert end.status == event_pb2.TURN_STATUS_ERROR
         assert "upstream exploded" in end.error.message  # not "Sorry."
-        await wait_until(lambda: server.count("OnChatError") == 1)  # sent before TurnEnd, maybe not yet read
+        await wait_until(lambda: server.count("OnChatError") == 1)  # written after the turn's end
         release.set()
 
 
@@ -294,7 +295,11 @@ class _Session:
 
     def __init__(self) -> None:
         self.broken = None
+        self.held = False
         self.written: list[float] = []
+
+    def hold(self) -> None:
+        self.held = True
 
     async def finish_turn(self, wait_seconds: float) -> bool:
         self.written.append(time.monotonic())
@@ -307,7 +312,7 @@ class _Session:
 async def test_an_observed_end_hooks_calls_are_written_once_the_turns_task_is_done() -> None:
     # On one event loop the writer task of the end calls ran before the turn's own TurnEnd write
     # (and store), which the turn waits for: they now wait for the turn's task, at most
-    # HOLD_SECONDS (a task that goes on after its turn, say).
+    # HOLD_SECONDS (a task that goes on after its turn, say), their own flush timer held.
     sessions = TurnSessions(30.0, set(), "test-server")
     for request_id, turn_ends in (("ends", True), ("goes-on", False)):
         fake = _Session()
@@ -320,6 +325,7 @@ async def test_an_observed_end_hooks_calls_are_written_once_the_turns_task_is_do
         turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         started = time.monotonic()
         sessions.close_later(request_id, deadline=started + 30.0, after=turn)
+        assert fake.held
         await asyncio.sleep(0)  # the background task's first step: it waits
         assert fake.written == []
         if turn_ends:
@@ -328,3 +334,28 @@ async def test_an_observed_end_hooks_calls_are_written_once_the_turns_task_is_do
         if not turn_ends:
             assert fake.written[0] - started >= HOLD_SECONDS * 0.9
     await sessions.finish_ended()
+
+
+async def test_the_end_calls_wait_for_the_turns_own_task_and_go_when_it_is_done(
+    remote_engine: RemoteEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The middleware hands the turn's task (engine.start's "turn <id>") to close_later, and the
+    # calls go when it is done: with the 50 ms bound made 30 s they still come at once.
+    monkeypatch.setattr(session_module, "HOLD_SECONDS", 30.0)
+    afters: list[Any] = []
+    close_later = TurnSessions.close_later
+
+    def recording(self: TurnSessions, request_id: str, *, deadline: float, after: Any) -> None:
+        afters.append(after)
+        close_later(self, request_id, deadline=deadline, after=after)
+
+    monkeypatch.setattr(TurnSessions, "close_later", recording)
+    server = RecordingHookServer(
+        hook_session=True, answers_together=True, observed_hooks=[hooks_pb2.HOOK_ON_CHAT_RESPONSE]
+    )
+    async with serving(server) as address:
+        harness, _ = await remote_engine(address, deadline_seconds=30)
+        assert end_of(await harness.run("check")).status == event_pb2.TURN_STATUS_COMPLETED
+        await wait_until(lambda: server.count("OnChatResponse") == 1, timeout=10)
+    assert [type(after) for after in afters] == [asyncio.Task]
+    assert afters[0].get_name() == "turn r1" and afters[0].done()

@@ -191,6 +191,13 @@ class HookSession:
         self._open = not awaited
         return call_id, future
 
+    def hold(self) -> None:
+        """Keep the buffered calls until :meth:`flush` (no :data:`HOLD_SECONDS` timer writes them
+        meanwhile): the turn's end writes them once its own end is out (:meth:`TurnSessions.close_later`)."""
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+
     def flush(self) -> None:
         """Hand the buffered calls to the writer task (started when none runs)."""
         if self._flush_timer is not None:
@@ -479,13 +486,15 @@ class TurnSessions:
 
     def close_later(self, request_id: str, *, deadline: float, after: asyncio.Future[Any] | None) -> None:
         """:meth:`close` without the turn waiting (its end hooks are observed: hooks.proto
-        ``observed_hooks``), in the background: once ``after`` is done (the turn's task, so its
-        own ``TurnEnd`` is written and stored first: on one event loop a write the turn does not
-        wait for would otherwise go before the one it does), at most :data:`HOLD_SECONDS` from
-        now, the calls held are written; the answers still due are waited for until ``deadline``
+        ``observed_hooks``), in the background: once ``after`` is done (the turn's task: its own
+        ``TurnEnd`` stored and handed to the client's stream first, since on one event loop a
+        write the turn does not wait for would otherwise go before the one it does), at most
+        :data:`HOLD_SECONDS` from now, the calls held are written (no earlier timer of theirs
+        writes them); the answers still due are waited for until ``deadline``
         (``time.monotonic()``), then the stream is kept or ended."""
         session = self._by_turn.pop(request_id, None) if self._by_turn else None
         if session is not None:
+            session.hold()
             task = asyncio.get_running_loop().create_task(self._finish_after(session, deadline, after))
             self._finishing.add(task)
             task.add_done_callback(self._finishing.discard)
