@@ -27,6 +27,11 @@ from turnwire_server.remote_hooks.session import HOLD_SECONDS, TurnSessions
 remote_engine = test_remote_hooks.remote_engine  # the fixture
 
 BEFORE_STEP = [hooks_pb2.HOOK_BEFORE_STEP]
+PARTIAL = {
+    "main": [ScriptStep(text="Partly there", error=ScriptedError(message="cut", status=500, after_chunks=1))]
+}
+"""A turn that fails after its first chunk: its partial reply is stored, so on_chat_response
+follows on_chat_error."""
 
 
 def _change_the_step(request: Any, context: Any) -> hooks_pb2.BeforeStepResponse:
@@ -247,10 +252,8 @@ async def test_an_errored_turns_end_hooks_go_on_its_one_stream_in_order(
         release.set()
     server.answers["OnChatError"] = held(release, hooks_pb2.OnChatErrorResponse())
     server.answers["OnChatResponse"] = held(release, hooks_pb2.OnChatResponseResponse())
-    cut = ScriptedError(message="cut", status=500, after_chunks=1)
-    partial = {"main": [ScriptStep(text="Partly there", error=cut)]}
     async with serving(server) as address:
-        harness, middleware = await remote_engine(address, scripts=partial, deadline_seconds=30)
+        harness, middleware = await remote_engine(address, scripts=PARTIAL, deadline_seconds=30)
         end = end_of(await harness.run("go"))
         assert end.status == event_pb2.TURN_STATUS_ERROR
         # The server handles a stream's calls in order: OnChatResponse once OnChatError is answered.
@@ -277,11 +280,8 @@ async def test_an_errored_turn_whose_server_observes_only_on_chat_error_does_not
     )
     release = asyncio.Event()
     server.answers["OnChatError"] = held(release, hooks_pb2.OnChatErrorResponse())
-    cut = ScriptedError(message="cut", status=500, after_chunks=1)
     async with serving(server) as address:
-        harness, middleware = await remote_engine(
-            address, scripts={"main": [ScriptStep(text="Partly there", error=cut)]}, deadline_seconds=30
-        )
+        harness, middleware = await remote_engine(address, scripts=PARTIAL, deadline_seconds=30)
         turn = asyncio.create_task(harness.run("go"))
         await wait_until(lambda: turn.done() and server.count("OnChatError") == 1)
         # (The partial reply is stored, so on_chat_response runs: the test above sees its call.)

@@ -200,9 +200,7 @@ class HookSession:
 
     def flush(self) -> None:
         """Hand the buffered calls to the writer task (started when none runs)."""
-        if self._flush_timer is not None:
-            self._flush_timer.cancel()
-            self._flush_timer = None
+        self.hold()
         if self._requests and self.broken is None and (self._writer is None or self._writer.done()):
             self._writer = self._spawn(self._write())
 
@@ -248,9 +246,7 @@ class HookSession:
         if self.broken is None:
             stale = call_id is None and self.reused and self.answered == 0
             self.broken = SessionBroken(error, call_id, stale=stale)
-        if self._flush_timer is not None:
-            self._flush_timer.cancel()
-            self._flush_timer = None
+        self.hold()
         self._requests.clear()
         self._open = False
         for _, future in list(self._pending.values()):
